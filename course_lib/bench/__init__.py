@@ -1,0 +1,19 @@
+"""Benchmarks: timing, bytes and FLOP arithmetic, the measured ceiling, plots, report.
+
+Everything here times on a GPU only; in the interpreter, guard calls with
+``course_lib.gpu_only("timing")``. ``python -m course_lib.bench`` (or
+``./course bench``) runs every finished kernel's benchmark and writes a report.
+"""
+
+from course_lib.bench.sweep import Sweep, bandwidth_sweep, plot_sweep
+from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms, tflop_per_s
+
+__all__ = [
+    "Sweep",
+    "bandwidth_sweep",
+    "copy_bandwidth",
+    "gb_per_s",
+    "median_ms",
+    "plot_sweep",
+    "tflop_per_s",
+]

@@ -1,0 +1,53 @@
+"""Run every finished kernel's benchmark; write a markdown report and plots.
+
+python -m course_lib.bench [--out bench_results] [--only add relu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import course_lib
+from course_lib import runtime
+
+
+def main(argv: list[str] | None = None) -> int:
+    from course_lib.bench.suites import SUITES
+
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    parser.add_argument("--only", nargs="+", choices=sorted(SUITES), default=sorted(SUITES))
+    args = parser.parse_args(argv)
+
+    course_lib.show_environment()
+    if not course_lib.gpu_only("Benchmarking"):
+        return 0
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_lib.bench.sweep import plot_sweep
+    from course_lib.bench.timing import copy_bandwidth
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    ceiling = copy_bandwidth()
+    sections = [
+        f"# Benchmarks\n\n{runtime.describe()}\n\nMedian of many runs "
+        f"(triton.testing.do_bench). Ceiling: device copy bandwidth, "
+        f"{ceiling:,.0f} GB/s, measured in this run.\n"
+    ]
+    for name in args.only:
+        for sweep in SUITES[name](ceiling):
+            plot_sweep(sweep, path=str(args.out / f"{sweep.name}.png"))
+            sections.append(sweep.table() + f"\n\n![{sweep.name}]({sweep.name}.png)\n")
+            print(sweep.table(), end="\n\n")
+    report = args.out / "report.md"
+    report.write_text("\n".join(sections))
+    print(f"report written to {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

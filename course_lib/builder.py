@@ -1,0 +1,239 @@
+"""Build the exercise notebooks in notebooks/ from the solved lessons in solutions/.
+
+    python -m course_lib.builder            # write every stale notebook
+    python -m course_lib.builder --check    # exit 1 if any notebook is stale
+    python -m course_lib.builder --force    # also replace notebooks you edited (backed up)
+
+Exercise cells carry nbgrader metadata (``"solution": true``) and mark their answers
+the nbgrader way::
+
+    ### BEGIN SOLUTION
+    ...the answer...
+    ### END SOLUTION
+
+Each region becomes a stub with the region's indentation. In plain Python the stub
+raises NotImplementedError; inside a ``@triton.jit`` function, where ``raise`` does
+not compile, it is a ``tl.static_assert(False, ...)`` that fails at launch. Every
+exercise cell must hold at least one plain-Python region, so that running an
+unsolved notebook stops at its first exercise with NotImplementedError. Outputs
+are cleared.
+
+A learner may work in notebooks/ directly, so the builder never overwrites a
+notebook whose cells differ from what it generated last time (it keeps a
+fingerprint in the notebook's metadata) unless told to with --force, and then it
+keeps a backup beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS, NOTEBOOKS = ROOT / "solutions", ROOT / "notebooks"
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+_MARKER = re.compile(r"^(\s*)### (BEGIN|END) SOLUTION\s*$")
+
+
+class BuildError(ValueError):
+    """A solution notebook breaks the rules above; the message says where."""
+
+
+@dataclass(frozen=True)
+class Region:
+    begin: int  # line index of BEGIN
+    end: int  # line index of END
+    indent: str
+    in_kernel: bool
+
+
+def _is_solution(cell) -> bool:
+    return cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get(
+        "solution", False
+    )
+
+
+def _grade_id(cell) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id", "exercise")
+
+
+def _kernel_spans(source: str, where: str) -> list[tuple[int, int]]:
+    """0-based line spans of the @triton.jit functions in a cell."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        raise BuildError(f"{where}: the solution cell does not parse: {error}") from error
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            if any("jit" in ast.unparse(d) for d in node.decorator_list):
+                spans.append((node.lineno - 1, node.end_lineno - 1))
+    return spans
+
+
+def find_regions(source: str, where: str) -> list[Region]:
+    """The solution regions of a cell, checked for balanced markers."""
+    lines = source.splitlines()
+    kernels = _kernel_spans(source, where)
+    regions, open_at = [], None
+    for i, line in enumerate(lines):
+        match = _MARKER.match(line)
+        if not match:
+            continue
+        indent, kind = match.groups()
+        if kind == "BEGIN":
+            if open_at is not None:
+                raise BuildError(f"{where}, line {i + 1}: BEGIN SOLUTION inside another region")
+            open_at = (i, indent)
+        else:
+            if open_at is None:
+                raise BuildError(f"{where}, line {i + 1}: END SOLUTION without BEGIN SOLUTION")
+            begin, indent = open_at
+            in_kernel = any(start <= begin <= stop for start, stop in kernels)
+            regions.append(Region(begin, i, indent, in_kernel))
+            open_at = None
+    if open_at is not None:
+        raise BuildError(f"{where}, line {open_at[0] + 1}: BEGIN SOLUTION is never closed")
+    return regions
+
+
+def stub_source(source: str, grade_id: str, where: str) -> str:
+    """The exercise version of a solution cell's source."""
+    regions = find_regions(source, where)
+    if not regions:
+        raise BuildError(f"{where}: an exercise cell without a {BEGIN} region")
+    if all(r.in_kernel for r in regions):
+        raise BuildError(
+            f"{where}: every region is inside a @triton.jit function; put one in the "
+            "launcher too, so an unsolved notebook stops here with NotImplementedError"
+        )
+    lines = source.splitlines()
+    out, cursor = [], 0
+    for r in regions:
+        out += lines[cursor : r.begin]
+        message = f"Exercise {grade_id!r}: replace this line with your code (see the TODOs above)."
+        if r.in_kernel:
+            out.append(f"{r.indent}tl.static_assert(False, {message!r})")
+        else:
+            out.append(f"{r.indent}raise NotImplementedError({message!r})")
+        cursor = r.end + 1
+    out += lines[cursor:]
+    return "\n".join(out)
+
+
+def answer_lines(source: str) -> list[str]:
+    """The non-blank lines inside a cell's solution regions."""
+    lines = source.splitlines()
+    return [
+        line.strip()
+        for r in find_regions(source, "cell")
+        for line in lines[r.begin + 1 : r.end]
+        if line.strip() and not line.strip().startswith("#")
+    ]
+
+
+def fingerprint(nb) -> str:
+    """A hash of the cells' types and sources: what a learner's edits change."""
+    cells = [(c.cell_type, c.source) for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()[:16]
+
+
+def build_notebook(solution_path: Path) -> nbformat.NotebookNode:
+    """The exercise notebook generated from one solution notebook."""
+    nb = copy.deepcopy(nbformat.read(solution_path, as_version=4))
+    rel = solution_path.relative_to(ROOT) if solution_path.is_relative_to(ROOT) else solution_path
+    for index, cell in enumerate(nb.cells):
+        where = f"{rel}, cell {index}"
+        has_marker = BEGIN in cell.source or END in cell.source
+        if _is_solution(cell):
+            cell.source = stub_source(cell.source, _grade_id(cell), where)
+        elif has_marker:
+            raise BuildError(
+                f"{where}: solution markers in a cell without nbgrader solution metadata"
+            )
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    nb.metadata["course"] = {
+        "generated_from": str(rel),
+        "fingerprint": fingerprint(nb),
+        "note": "Generated from the solution notebook; edit that one, then rebuild.",
+    }
+    return nb
+
+
+def _serialise(nb) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def _edited_by_learner(path: Path) -> bool:
+    current = nbformat.read(path, as_version=4)
+    recorded = current.metadata.get("course", {}).get("fingerprint")
+    return recorded != fingerprint(current)
+
+
+def build_all(
+    check: bool = False, force: bool = False, src_dir: Path = SOLUTIONS, out_dir: Path = NOTEBOOKS
+) -> list[str]:
+    """Build every lesson; returns the notebooks that were (or, with check, would be) written."""
+    changed = []
+    for source in sorted(src_dir.glob("*.ipynb")):
+        target = out_dir / source.name
+        text = _serialise(build_notebook(source))
+        if target.exists() and target.read_text() == text:
+            continue
+        changed.append(target.name)
+        if check:
+            continue
+        if target.exists() and _edited_by_learner(target):
+            if not force:
+                print(
+                    f"kept {target}: it has edits of yours. Move it away, or run with --force "
+                    "(which keeps a backup) to replace it."
+                )
+                changed.remove(target.name)
+                continue
+            backup = target.with_name(f"{target.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
+            target.rename(backup)
+            print(f"your version of {target.name} is saved as {backup.name}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target}")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.builder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--check", action="store_true", help="only report stale notebooks")
+    parser.add_argument("--force", action="store_true", help="replace edited notebooks too")
+    args = parser.parse_args(argv)
+    try:
+        changed = build_all(check=args.check, force=args.force)
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.check and changed:
+        print("stale: " + ", ".join(changed) + " (run: python -m course_lib.builder)")
+        return 1
+    if not changed:
+        print("notebooks/ is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Guard bands: every tensor a check touches lives inside a larger, poisoned buffer.
+
+A checker cannot see the learner's output buffer before the launch, because the
+learner's launcher allocates it. So for the length of one call, ``GuardedArena``
+serves ``torch.empty``/``empty_like``/``zeros``/... from buffers laid out as
+
+    [ guard (poison) | the tensor (poison for empty*) | guard (poison) ]
+
+Afterwards the checker counts elements still holding the poison (never written)
+and guard elements that lost it (written out of bounds). The guards also keep a
+stray store from landing in somebody else's memory: on a GPU it would corrupt a
+neighbouring tensor, in the interpreter Python's own heap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from course_lib import runtime
+
+# Quiet NaNs with a payload no arithmetic produces, so "still poison" means "never written".
+_POISON_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.float64: (torch.int64, 0x7FF8_DEAD_BEEF_0BAD),
+    torch.float32: (torch.int32, 0x7FDE_ADBE),
+    torch.float16: (torch.int16, 0x7EAD),
+    torch.bfloat16: (torch.int16, 0x7FED),
+}
+_INT_POISON = -0x5EAD  # for integer tensors: an unlikely value, not a proof
+
+GUARD_MIN = runtime.by_mode(gpu=1 << 16, interpreter=1 << 12)
+GUARD_MAX = 1 << 22
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill `t` with the poison pattern of its dtype, in place."""
+    if t.dtype in _POISON_BITS:
+        int_dtype, bits = _POISON_BITS[t.dtype]
+        t.view(int_dtype).fill_(bits)
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(_INT_POISON)
+    return t
+
+
+def is_poison(t: torch.Tensor) -> torch.Tensor:
+    """Boolean mask of the elements of `t` that still hold the poison."""
+    if t.dtype in _POISON_BITS:
+        int_dtype, bits = _POISON_BITS[t.dtype]
+        return t.view(int_dtype) == bits
+    if t.dtype == torch.bool:
+        return torch.zeros_like(t, dtype=torch.bool)
+    return t == _INT_POISON
+
+
+def _span(shape, stride) -> int:
+    """Elements of storage a strided tensor reaches, from its first element."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))
+
+
+@dataclass
+class GuardedBuffer:
+    """One allocation and where its tensor sits inside it."""
+
+    label: str
+    buffer: torch.Tensor  # 1-D, [guard | span | guard]
+    offset: int  # where the tensor's storage starts, in elements
+    span: int
+
+    def owns(self, t: torch.Tensor) -> bool:
+        return (
+            t.device == self.buffer.device
+            and t.untyped_storage().data_ptr() == self.buffer.untyped_storage().data_ptr()
+        )
+
+    def stray_writes(self) -> tuple[int, int]:
+        """(before the start, past the end): guard elements that lost their poison."""
+        before = self.buffer[: self.offset]
+        after = self.buffer[self.offset + self.span :]
+        return int((~is_poison(before)).sum()), int((~is_poison(after)).sum())
+
+    def byte_ranges(self) -> list[tuple[int, int, str]]:
+        """Address ranges of the two guards, for the interpreter's read watch."""
+        base, size = self.buffer.data_ptr(), self.buffer.element_size()
+        end = base + self.buffer.numel() * size
+        return [
+            (base, base + self.offset * size, f"before the start of {self.label}"),
+            (base + (self.offset + self.span) * size, end, f"past the end of {self.label}"),
+        ]
+
+
+def guarded_empty(shape, stride, dtype, device, label: str) -> tuple[torch.Tensor, GuardedBuffer]:
+    """A poisoned tensor of the given layout inside a poisoned, guarded buffer."""
+    span = _span(shape, stride)
+    guard = min(max(span, GUARD_MIN), GUARD_MAX)
+    buffer = poison_(torch.empty(guard + span + guard, dtype=dtype, device=device))
+    view = buffer.as_strided(shape, stride, guard)
+    return view, GuardedBuffer(label, buffer, guard, span)
+
+
+def guarded_copy(values: torch.Tensor, label: str) -> tuple[torch.Tensor, GuardedBuffer]:
+    """`values` copied into a guarded buffer, keeping its layout (strides) when dense."""
+    view, guarded = guarded_empty(values.shape, values.stride(), values.dtype, values.device, label)
+    view.copy_(values)
+    return view, guarded
+
+
+_EMPTY = {
+    torch.empty,
+    torch.empty_like,
+    torch.empty_strided,
+    torch.Tensor.new_empty,
+    torch.Tensor.new_empty_strided,
+}
+_FILLED = {
+    torch.zeros,
+    torch.zeros_like,
+    torch.ones,
+    torch.ones_like,
+    torch.full,
+    torch.full_like,
+    torch.Tensor.new_zeros,
+    torch.Tensor.new_ones,
+    torch.Tensor.new_full,
+}
+
+
+class GuardedArena(TorchFunctionMode):
+    """While active, tensor factories return guarded tensors and remember them."""
+
+    def __init__(self):
+        super().__init__()
+        self.buffers: list[GuardedBuffer] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func not in _EMPTY and func not in _FILLED:
+            return result
+        if not isinstance(result, torch.Tensor) or result.numel() == 0 or result.is_sparse:
+            return result
+        name = getattr(func, "__name__", "tensor")
+        view, guarded = guarded_empty(
+            result.shape,
+            result.stride(),
+            result.dtype,
+            result.device,
+            f"the tensor from {name}() #{len(self.buffers) + 1}",
+        )
+        if func in _FILLED:
+            view.copy_(result)
+        if result.requires_grad:
+            view.requires_grad_(True)
+        self.buffers.append(guarded)
+        return view
+
+    def owner(self, t: torch.Tensor) -> GuardedBuffer | None:
+        return next((b for b in self.buffers if b.owns(t)), None)

@@ -1,0 +1,35 @@
+"""How close a kernel's result must be to the reference's: one table, keyed by dtype.
+
+A value passes when |got - expected| <= atol + rtol * |expected| (torch.isclose).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Tolerance(NamedTuple):
+    rtol: float
+    atol: float
+    why: str
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-12, 1e-12, "53-bit mantissa; the order of operations may differ"),
+    torch.float32: Tolerance(
+        1e-5, 1e-6, "24-bit mantissa (a rounding is 6e-8); room for reordered sums"
+    ),
+    torch.float16: Tolerance(2e-3, 1e-5, "11-bit mantissa: one rounding is up to 4.9e-4 relative"),
+    torch.bfloat16: Tolerance(
+        1.6e-2, 1e-5, "8-bit mantissa: one rounding is up to 3.9e-3 relative"
+    ),
+}
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    try:
+        return TOLERANCES[dtype]
+    except KeyError:
+        return Tolerance(0.0, 0.0, "integers and booleans must match exactly")

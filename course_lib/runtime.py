@@ -1,0 +1,102 @@
+"""GPU or interpreter: the one place in the course that decides.
+
+Importing this module (``import course_lib`` does it first) looks for a CUDA GPU once.
+Without one, it sets ``TRITON_INTERPRET=1`` before Triton is imported, so every
+``@triton.jit`` function defined afterwards, the learner's own included, runs in
+Triton's interpreter on the CPU. Setting ``TRITON_INTERPRET=1`` yourself forces
+interpreter mode on a GPU machine too.
+
+Everything else asks this module: ``DEVICE`` to allocate on, ``by_mode`` for sizes
+that suit the mode, ``gpu_only`` for steps only a GPU can do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+def _interpreter_requested() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUTHY
+
+
+HAS_GPU: bool = torch.cuda.is_available()
+INTERPRETED: bool = (not HAS_GPU) or _interpreter_requested()
+MODE: str = "interpreter" if INTERPRETED else "gpu"
+
+if INTERPRETED:
+    if "triton" in sys.modules and not _interpreter_requested():
+        # Triton reads the variable each time @triton.jit runs, so kernels defined
+        # from now on are interpreted; kernels defined before this import are not.
+        print(
+            "course_lib: triton was imported before course_lib; kernels defined before this "
+            "line will not run. Import course_lib first, in the first cell.",
+            file=sys.stderr,
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+DEVICE: torch.device = torch.device("cpu" if INTERPRETED else "cuda")
+GPU_NAME: str | None = torch.cuda.get_device_name() if MODE == "gpu" else None
+
+# Triton's interpreter gets bfloat16 arithmetic wrong (it rounds by truncation and
+# mis-adds native bf16 values), so bf16 is a GPU-only dtype in this course.
+DTYPES: tuple[torch.dtype, ...] = (
+    (torch.float32, torch.float16)
+    if INTERPRETED
+    else (torch.float32, torch.float16, torch.bfloat16)
+)
+
+
+def by_mode(*, gpu: T, interpreter: T) -> T:
+    """Pick the value that suits the mode: a GPU size, or a small interpreter size."""
+    return interpreter if INTERPRETED else gpu
+
+
+def gpu_only(step: str) -> bool:
+    """True on a GPU. In the interpreter, print one line saying `step` is skipped.
+
+    Use it to guard timing and autotuning::
+
+        if gpu_only("timing"):
+            ...
+    """
+    if INTERPRETED:
+        print(f"⏭ {step} needs a GPU: skipped in the interpreter.")
+        return False
+    return True
+
+
+def require_supported_dtype(dtype: torch.dtype, what: str) -> None:
+    """Raise a clear TypeError if `dtype` is not a floating dtype this mode supports."""
+    if dtype in DTYPES:
+        return
+    if dtype == torch.bfloat16:
+        raise TypeError(
+            f"{what}: bfloat16 needs a GPU. Triton's interpreter computes bf16 arithmetic "
+            "wrongly; use float16 or float32 on the CPU."
+        )
+    names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+    raise TypeError(f"{what}: dtype {dtype} is not supported; use one of {names}.")
+
+
+def describe() -> str:
+    """One line: the mode, the GPU if any, and the torch/triton versions."""
+    import triton
+
+    if INTERPRETED:
+        where = "interpreter (no CUDA GPU in use: kernels run on the CPU, TRITON_INTERPRET=1)"
+    else:
+        where = f"GPU: {GPU_NAME}"
+    return f"Mode: {where} · torch {torch.__version__} · triton {triton.__version__}"
+
+
+def show_environment() -> None:
+    """Print `describe()`; the first cell of every notebook calls this."""
+    print(describe())

@@ -1,0 +1,77 @@
+"""Benchmark arithmetic and plotting; the timing itself runs on a GPU only."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from course_lib import bench, references, runtime  # noqa: E402
+from course_lib.bench.__main__ import main as bench_main  # noqa: E402
+
+
+def test_throughput_arithmetic():
+    assert bench.gb_per_s(3e9, 1000.0) == pytest.approx(3.0)  # 3 GB in one second
+    assert bench.gb_per_s(12 * 2**20, 0.004) == pytest.approx(3145.728)
+    assert bench.tflop_per_s(2 * 4096**3, 0.2) == pytest.approx(687.19476736)
+    with pytest.raises(ValueError, match="positive"):
+        bench.gb_per_s(1, 0.0)
+
+
+def test_bytes_moved_by_the_references():
+    assert references.vector_add_bytes(1 << 20, torch.float32) == 3 * 4 * (1 << 20)
+    assert references.relu_bytes(10, torch.float16) == 2 * 2 * 10
+
+
+def _fake_sweep():
+    sweep = bench.Sweep("add", torch.float32, ceiling_gbps=3000.0)
+    sweep.sizes = [1 << 20, 1 << 28]
+    sweep.kernel_gbps = [1500.0, 2850.0]
+    sweep.torch_gbps = [1600.0, 2800.0]
+    return sweep
+
+
+def test_sweep_ratios_and_table():
+    rows = _fake_sweep().rows()
+    assert rows[1]["kernel/torch"] == pytest.approx(2850 / 2800)
+    assert rows[1]["kernel/ceiling"] == pytest.approx(0.95)
+    table = _fake_sweep().table()
+    assert "| 2^28 | 2,850 | 2,800 | 1.018 | 0.950 |" in table
+    assert "copy bandwidth 3,000 GB/s" in table
+
+
+def test_plot_shows_kernel_torch_and_ceiling(tmp_path):
+    path = tmp_path / "add.png"
+    ax = bench.plot_sweep(_fake_sweep(), path=str(path))
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["Triton add", "PyTorch", "copy bandwidth (ceiling)"]
+    assert path.stat().st_size > 1000
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="interpreter behaviour")
+def test_timing_refuses_in_the_interpreter_and_the_command_says_so(capsys, tmp_path):
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        bench.median_ms(lambda: None)
+    assert bench_main(["--out", str(tmp_path / "b")]) == 0
+    assert "Benchmarking needs a GPU" in capsys.readouterr().out
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.gpu
+def test_small_sweep_on_gpu(tmp_path):
+    from course_lib.kernels import vector_add
+
+    ceiling = bench.copy_bandwidth(1 << 24)
+    sweep = bench.bandwidth_sweep(
+        "add",
+        vector_add.add,
+        references.vector_add,
+        n_inputs=2,
+        bytes_moved=references.vector_add_bytes,
+        sizes=[1 << 16, 1 << 20],
+        rounds=2,
+        ceiling_gbps=ceiling,
+    )
+    assert len(sweep.rows()) == 2
+    assert all(0 < r["kernel/ceiling"] < 1.5 for r in sweep.rows())

@@ -1,0 +1,129 @@
+"""The builder: stubs, metadata, safety of learners' edits."""
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from course_lib import builder
+
+SOLVED = """\
+@triton.jit
+def k(x_ptr, BLOCK_SIZE: tl.constexpr):
+    # TODO(1): load (1 line)
+    ### BEGIN SOLUTION
+    x = tl.load(x_ptr + tl.arange(0, BLOCK_SIZE))
+    ### END SOLUTION
+
+
+def launch(x):
+    # TODO(2): launch (1 line)
+    ### BEGIN SOLUTION
+    k[(1,)](x, BLOCK_SIZE=16)
+    ### END SOLUTION
+    return x
+"""
+
+SOLUTION_META = {
+    "nbgrader": {
+        "grade": False,
+        "grade_id": "ex-k",
+        "locked": False,
+        "schema_version": 3,
+        "solution": True,
+        "task": False,
+    }
+}
+
+
+def _lesson(tmp_path, source=SOLVED):
+    src, out = tmp_path / "solutions", tmp_path / "notebooks"
+    src.mkdir()
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# Lesson"),
+            new_code_cell(source, metadata=SOLUTION_META),
+            new_code_cell(
+                "check(launch)", outputs=[new_output("stream", name="stdout", text="ok")]
+            ),
+        ]
+    )
+    nbformat.write(nb, src / "01_k.ipynb")
+    return src, out
+
+
+def test_stub_replaces_each_region_by_kind():
+    stubbed = builder.stub_source(SOLVED, "ex-k", "cell")
+    assert "tl.load(x_ptr" not in stubbed and "k[(1,)]" not in stubbed
+    assert "    tl.static_assert(False, \"Exercise 'ex-k': replace this line" in stubbed
+    assert "    raise NotImplementedError(\"Exercise 'ex-k': replace this line" in stubbed
+    assert "# TODO(1): load (1 line)" in stubbed and "    return x" in stubbed
+    compile(stubbed, "stub", "exec")
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("x = 1\n### BEGIN SOLUTION\ny = 2\n", "never closed"),
+        ("### END SOLUTION\n", "without BEGIN"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n", "inside another region"),
+        ("x = 1\n", "without a ### BEGIN SOLUTION region"),
+        (
+            "@triton.jit\ndef k():\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n",
+            "put one in the launcher too",
+        ),
+        ("def f(:\n", "does not parse"),
+    ],
+    ids=["unclosed", "stray-end", "nested", "no-region", "kernel-only", "syntax"],
+)
+def test_bad_solution_cells_are_refused_with_the_place(source, message):
+    with pytest.raises(builder.BuildError, match=message):
+        builder.stub_source(source, "ex", "solutions/x.ipynb, cell 3")
+
+
+def test_build_clears_outputs_keeps_metadata_and_check_flags_stale(tmp_path):
+    src, out = _lesson(tmp_path)
+    assert builder.build_all(check=True, src_dir=src, out_dir=out) == ["01_k.ipynb"]
+    assert builder.build_all(src_dir=src, out_dir=out) == ["01_k.ipynb"]
+    nb = nbformat.read(out / "01_k.ipynb", as_version=4)
+    assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code")
+    assert nb.cells[1].metadata["nbgrader"]["grade_id"] == "ex-k"
+    assert nb.metadata["course"]["generated_from"].endswith("01_k.ipynb")
+    assert builder.build_all(check=True, src_dir=src, out_dir=out) == []
+
+
+def test_learners_edits_are_kept_unless_forced_then_backed_up(tmp_path, capsys):
+    src, out = _lesson(tmp_path)
+    builder.build_all(src_dir=src, out_dir=out)
+    target = out / "01_k.ipynb"
+    mine = nbformat.read(target, as_version=4)
+    mine.cells[1].source = "my own answer"
+    nbformat.write(mine, target)
+    solved = nbformat.read(src / "01_k.ipynb", as_version=4)  # the lesson changes upstream
+    solved.cells[0].source = "# Lesson, revised"
+    nbformat.write(solved, src / "01_k.ipynb")
+
+    assert builder.build_all(src_dir=src, out_dir=out) == []
+    assert "has edits of yours" in capsys.readouterr().out
+    assert nbformat.read(target, as_version=4).cells[1].source == "my own answer"
+
+    builder.build_all(force=True, src_dir=src, out_dir=out)
+    backups = list(out.glob("01_k.ipynb.bak-*"))
+    assert len(backups) == 1
+    assert nbformat.read(backups[0], as_version=4).cells[1].source == "my own answer"
+    assert nbformat.read(target, as_version=4).cells[0].source == "# Lesson, revised"
+
+
+def test_markers_outside_exercise_cells_are_refused(tmp_path):
+    src, out = _lesson(tmp_path)
+    nb = nbformat.read(src / "01_k.ipynb", as_version=4)
+    nb.cells[2].source = "### BEGIN SOLUTION\nx = 1\n### END SOLUTION"
+    nbformat.write(nb, src / "01_k.ipynb")
+    with pytest.raises(builder.BuildError, match="without nbgrader solution metadata"):
+        builder.build_all(src_dir=src, out_dir=out)
+
+
+def test_answer_lines_lists_what_must_not_leak():
+    assert builder.answer_lines(SOLVED) == [
+        "x = tl.load(x_ptr + tl.arange(0, BLOCK_SIZE))",
+        "k[(1,)](x, BLOCK_SIZE=16)",
+    ]

@@ -1,0 +1,155 @@
+"""Checkers pass the finished kernels and name the mistake of each broken one."""
+
+import re
+
+import broken_kernels as broken
+import pytest
+import torch
+
+import course_lib
+from course_lib import runtime
+from course_lib.checks.engine import CheckFailed, CheckResult
+from course_lib.checks.guard import GuardedArena, guarded_copy, is_poison, poison_
+from course_lib.checks.tolerances import TOLERANCES
+from course_lib.kernels import relu, vector_add
+
+
+def _failure(check, fn) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    assert isinstance(info.value, AssertionError)  # nbval and graders see a failed cell
+    return info.value.result.report()
+
+
+@pytest.mark.parametrize(
+    ("check", "fn"),
+    [(course_lib.check_vector_add, vector_add.add), (course_lib.check_relu, relu.relu)],
+    ids=["vector_add", "relu"],
+)
+def test_finished_kernels_pass_with_one_deterministic_line(check, fn, capsys):
+    result = check(fn)
+    out = capsys.readouterr().out
+    name = result.name
+    assert out == f"✓ {name}: every case passed\n"
+    assert repr(result) == f"✓ {name}: every case passed"
+    assert "<details>" in result._repr_html_() and name in result._repr_html_()
+    labels = [c.label for c in result.cases]
+    assert any("smaller than one block" in label for label in labels)
+    assert any("prime" in label for label in labels)
+    assert any("many blocks" in label for label in labels)
+    assert any("float16" in label for label in labels)
+    assert any("bfloat16" in label for label in labels) == (runtime.MODE == "gpu")
+
+
+ADD_MISTAKES = [
+    (broken.add_without_mask, "past the end were written", "mask = offsets < n_elements"),
+    (broken.add_without_store, "0 of 37 elements written", "did the kernel store its result"),
+    (broken.add_grid_too_small, "only the first", "the grid is too small"),
+    (broken.add_wrong_op, "elements wrong; worst at", "you subtract"),
+    (broken.add_wrong_dtype, "output dtype torch.float32, expected torch.float16", "dtype"),
+    (broken.add_returns_input, "the result is the input `x` itself", "allocate a new output"),
+    (broken.add_forgets_return, "your function returned None", "return the output tensor"),
+    (broken.add_raises, "raised RuntimeError: launcher exploded", "read the error"),
+    (broken.add_zero_output, "elements wrong", "all 0"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint"), ADD_MISTAKES, ids=[m[0].__name__ for m in ADD_MISTAKES]
+)
+def test_vector_add_check_names_the_mistake(fn, problem, hint):
+    report = _failure(course_lib.check_vector_add, fn)
+    assert problem in report
+    assert re.search(r"hint: .*" + re.escape(hint), report), report
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="the interpreter watches loads")
+def test_vector_add_check_catches_unmasked_loads():
+    report = _failure(course_lib.check_vector_add, broken.add_without_load_mask)
+    assert "loads read outside the inputs" in report and "mask= to tl.load" in report
+
+
+RELU_MISTAKES = [
+    (broken.relu_identity, "elements wrong", "the output equals the input"),
+    (broken.relu_minimum, "elements wrong", "tl.minimum"),
+    (broken.relu_without_mask, "past the end were written", "mask = offsets < n_elements"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint"), RELU_MISTAKES, ids=[m[0].__name__ for m in RELU_MISTAKES]
+)
+def test_relu_check_names_the_mistake(fn, problem, hint):
+    report = _failure(course_lib.check_relu, fn)
+    assert problem in report and hint in report
+
+
+def test_failure_report_lists_every_case_and_renders_without_traceback():
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_vector_add(broken.add_grid_too_small)
+    result = info.value.result
+    lines = result.report().splitlines()
+    assert lines[0].startswith("✗ vector_add: ") and "cases passed" in lines[0]
+    assert sum(line.startswith("  ✓") or line.startswith("  ✗") for line in lines) == len(
+        result.cases
+    )
+    rendered = info.value._render_traceback_()
+    assert "vector_add" in rendered[0] and not any("Traceback" in line for line in rendered)
+
+
+def test_not_implemented_propagates_untouched():
+    def stub(x, y):
+        raise NotImplementedError("Exercise 'ex': replace this line")
+
+    with pytest.raises(NotImplementedError, match="replace this line"):
+        course_lib.check_vector_add(stub)
+
+
+def test_checker_rejects_a_non_callable():
+    with pytest.raises(TypeError, match="expects your launcher function"):
+        course_lib.check_vector_add("add")
+
+
+def test_poison_marks_unwritten_elements_exactly():
+    for dtype in TOLERANCES:
+        t = poison_(torch.empty(8, dtype=dtype))
+        assert bool(is_poison(t).all()) and bool(torch.isnan(t.float()).all())
+        t[3] = float("nan")  # a NaN a kernel computed is not the poison
+        t[5] = 1.0
+        assert is_poison(t).tolist() == [True] * 3 + [False, True, False, True, True]
+
+
+def test_arena_serves_guarded_poisoned_tensors_with_the_requested_layout():
+    x = torch.randn(6, 4).t()  # non-contiguous
+    with GuardedArena() as arena:
+        empty = torch.empty_like(x)
+        zeros = torch.zeros(5)
+        small = x.new_empty(0)
+    assert empty.stride() == x.stride() and empty.shape == x.shape
+    assert bool(is_poison(empty).all())
+    assert torch.equal(zeros, torch.zeros(5))
+    assert small.numel() == 0 and len(arena.buffers) == 2
+    buf = arena.owner(zeros)
+    assert buf is not None and buf.stray_writes() == (0, 0)
+    buf.buffer[buf.offset + buf.span] = 1.0  # one element past the end
+    buf.buffer[0] = 1.0  # one far before the start
+    assert buf.stray_writes() == (1, 1)
+
+
+def test_guarded_copy_keeps_values():
+    x = torch.randn(33)
+    view, buf = guarded_copy(x, "x")
+    assert torch.equal(view, x) and buf.owns(view) and buf.stray_writes() == (0, 0)
+
+
+def test_every_tolerance_gives_a_reason():
+    for dtype, tol in TOLERANCES.items():
+        assert tol.rtol > 0 and tol.why, dtype
+
+
+def test_result_headline_counts_cases():
+    from course_lib.checks.engine import CaseResult
+
+    result = CheckResult("demo", [CaseResult("a"), CaseResult("b", ["wrong"], "fix it")])
+    assert result.headline == "✗ demo: 1 of 2 cases passed"
+    assert "hint: fix it" in result.report()

@@ -1,0 +1,86 @@
+"""The lesson notebooks: generated copies are fresh, hold no answer, and stop at the exercise.
+
+The solved notebooks themselves run top to bottom under nbval (pytest collects solutions/).
+"""
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from course_lib import builder
+
+SOLUTIONS = sorted(builder.SOLUTIONS.glob("*.ipynb"))
+LESSONS = [pytest.param(p.name, id=p.stem) for p in SOLUTIONS]
+FIRST_CELL = "import course_lib\ncourse_lib.show_environment()"
+
+
+def _nbgrader(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def test_there_are_lessons():
+    assert len(SOLUTIONS) >= 2
+
+
+def test_generated_notebooks_are_fresh():
+    assert sorted(p.name for p in builder.NOTEBOOKS.glob("*.ipynb")) == [p.name for p in SOLUTIONS]
+    stale = builder.build_all(check=True)
+    assert stale == [], f"stale: {stale}; run ./course build"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_exercise_notebook_holds_no_answer(name):
+    solved = nbformat.read(builder.SOLUTIONS / name, as_version=4)
+    exercise = nbformat.read(builder.NOTEBOOKS / name, as_version=4)
+    text = "\n".join(c.source for c in exercise.cells)
+    assert builder.BEGIN not in text and builder.END not in text
+    answers = [
+        line
+        for c in solved.cells
+        if _nbgrader(c).get("solution")
+        for line in builder.answer_lines(c.source)
+    ]
+    assert answers, "a lesson without an exercise"
+    exercise_lines = {line.strip() for line in text.splitlines()}
+    leaked = [line for line in answers if line in exercise_lines]
+    assert not leaked, f"answers left in notebooks/{name}: {leaked}"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_solution_notebook_shape(name):
+    nb = nbformat.read(builder.SOLUTIONS / name, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].source.strip() == FIRST_CELL
+    checks = [c for c in code if _nbgrader(c).get("grade")]
+    assert checks, "a lesson without a check cell"
+    for cell in checks:
+        assert cell.source.startswith("course_lib.check_") and "\n" not in cell.source.strip()
+        assert "nbval-check-output" in cell.metadata.get("tags", [])
+        assert any(o.get("text", "").startswith("✓ ") for o in cell.outputs), cell.source
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("name", LESSONS)
+def test_exercise_notebook_stops_at_its_first_exercise(name):
+    nb = nbformat.read(builder.NOTEBOOKS / name, as_version=4)
+    first_exercise = next(i for i, c in enumerate(nb.cells) if _nbgrader(c).get("solution"))
+    client = NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(builder.NOTEBOOKS)}},
+    )
+    with pytest.raises(CellExecutionError) as info:
+        client.execute()
+    assert info.value.ename == "NotImplementedError", info.value
+    failed = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.outputs)
+    ]
+    # the stub raises when the check cell right after the exercise calls the launcher
+    check_cell = next(
+        i for i in range(first_exercise + 1, len(nb.cells)) if nb.cells[i].cell_type == "code"
+    )
+    assert failed == [check_cell]

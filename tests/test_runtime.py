@@ -1,0 +1,95 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from course_lib import runtime
+
+
+def _run(code: str, **env) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    )
+    return result.stdout.strip()
+
+
+def test_mode_matches_the_machine():
+    assert runtime.MODE == ("gpu" if torch.cuda.is_available() else "interpreter")
+    assert runtime.DEVICE.type == ("cuda" if runtime.MODE == "gpu" else "cpu")
+
+
+def test_learners_kernels_are_interpreted_without_a_gpu():
+    # the learner defines a kernel after importing course_lib, as the first cell does
+    code = (
+        "import course_lib, triton\n"
+        "@triton.jit\n"
+        "def k(x_ptr): pass\n"
+        "print(course_lib.MODE, type(k).__name__)"
+    )
+    env = {"TRITON_INTERPRET": ""}
+    expected = "gpu JITFunction" if torch.cuda.is_available() else "interpreter InterpretedFunction"
+    assert _run(code, **env) == expected
+
+
+def test_triton_interpret_forces_the_interpreter():
+    code = (
+        "import course_lib, os\n"
+        "print(course_lib.MODE, course_lib.DEVICE, os.environ['TRITON_INTERPRET'])"
+    )
+    assert _run(code, TRITON_INTERPRET="1") == "interpreter cpu 1"
+
+
+def test_late_import_warns():
+    code = "import triton, course_lib"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": ""},
+    )
+    if torch.cuda.is_available():
+        assert result.stderr == ""
+    else:
+        assert "Import course_lib first" in result.stderr
+
+
+def test_describe_names_mode_and_versions():
+    import triton
+
+    line = runtime.describe()
+    assert line.startswith("Mode: ")
+    assert f"torch {torch.__version__}" in line and f"triton {triton.__version__}" in line
+    if runtime.MODE == "gpu":
+        assert torch.cuda.get_device_name() in line
+    else:
+        assert "interpreter" in line
+
+
+def test_by_mode_picks_the_value_for_this_mode():
+    assert runtime.by_mode(gpu="big", interpreter="small") == (
+        "small" if runtime.INTERPRETED else "big"
+    )
+
+
+def test_gpu_only_says_so_in_the_interpreter(capsys):
+    ran = runtime.gpu_only("Timing")
+    out = capsys.readouterr().out
+    if runtime.INTERPRETED:
+        assert not ran and out == "⏭ Timing needs a GPU: skipped in the interpreter.\n"
+    else:
+        assert ran and out == ""
+
+
+def test_dtype_errors_say_what_to_do():
+    runtime.require_supported_dtype(torch.float32, "op")
+    with pytest.raises(TypeError, match="int64 is not supported; use one of float32"):
+        runtime.require_supported_dtype(torch.int64, "op")
+    if runtime.INTERPRETED:
+        with pytest.raises(TypeError, match="bfloat16 needs a GPU"):
+            runtime.require_supported_dtype(torch.bfloat16, "op")
