@@ -7,20 +7,34 @@ Triton is imported (see runtime.py).
 from course_lib import runtime  # noqa: I001  (must come first: it sets TRITON_INTERPRET)
 from course_lib.runtime import DEVICE, MODE, by_mode, gpu_only, show_environment
 
+from course_lib.interpreter_guard import OutOfBoundsAccess  # noqa: E402
+
 if runtime.INTERPRETED:
     from course_lib import interpreter_guard
 
     interpreter_guard.install()
 
-from course_lib.checks import CheckFailed, CheckResult, check_relu, check_vector_add  # noqa: E402
+from course_lib.checks import (  # noqa: E402
+    CheckFailed,
+    CheckResult,
+    check_add_2d,
+    check_matmul,
+    check_relu,
+    check_softmax,
+    check_vector_add,
+)
 
 __all__ = [
     "DEVICE",
     "MODE",
     "CheckFailed",
+    "OutOfBoundsAccess",
     "CheckResult",
     "by_mode",
+    "check_add_2d",
+    "check_matmul",
     "check_relu",
+    "check_softmax",
     "check_vector_add",
     "gpu_only",
     "show_environment",

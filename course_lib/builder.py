@@ -142,6 +142,18 @@ def answer_lines(source: str) -> list[str]:
     ]
 
 
+def answer_regions(nb) -> list[list[str]]:
+    """Each solution region of a notebook's exercise cells, as its non-blank lines."""
+    regions = []
+    for index, cell in enumerate(nb.cells):
+        if not _is_solution(cell):
+            continue
+        lines = cell.source.splitlines()
+        for r in find_regions(cell.source, f"cell {index}"):
+            regions.append([line.strip() for line in lines[r.begin + 1 : r.end] if line.strip()])
+    return regions
+
+
 def fingerprint(nb) -> str:
     """A hash of the cells' types and sources: what a learner's edits change."""
     cells = [(c.cell_type, c.source) for c in nb.cells]

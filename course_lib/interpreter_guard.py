@@ -97,7 +97,7 @@ def _describe(kind: str, addresses: np.ndarray, itemsize: int, extents: tuple[_E
     return (
         f"tl.{kind} in program {program} reached {bad.size} address(es) outside every tensor "
         f"passed to the kernel: {where}. Guard the {kind} with a mask, "
-        f"e.g. tl.{kind}(..., mask=offsets < n_elements)."
+        f"e.g. tl.{kind}(..., mask=offsets < n_elements), and check the offsets and strides."
     )
 
 
@@ -171,7 +171,15 @@ def install() -> bool:
     def __call__(self, *args, **kwargs):
         token = _extents.set(None)
         try:
-            return call(self, *args, **kwargs)
+            # a GPU makes NaN and inf silently; so does the interpreter, without warnings
+            with np.errstate(all="ignore"):
+                return call(self, *args, **kwargs)
+        except Exception as error:
+            # show the learner our message, not Triton's InterpreterError wrapping of it
+            oob = find_out_of_bounds(error)
+            if oob is not None and oob is not error:
+                raise oob.with_traceback(None) from None
+            raise
         finally:
             _extents.reset(token)
 

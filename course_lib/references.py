@@ -28,3 +28,48 @@ def relu(x: torch.Tensor) -> torch.Tensor:
 def relu_bytes(n: int, dtype: torch.dtype) -> int:
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * n * itemsize
+
+
+def add_2d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y for two [M, N] tensors of any strides, as a new contiguous [M, N] tensor.
+    Reads 2·M·N elements, writes M·N."""
+    return (x + y).contiguous()
+
+
+def add_2d_bytes(m: int, n: int, dtype: torch.dtype) -> int:
+    return 3 * m * n * torch.empty((), dtype=dtype).element_size()
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension of [M, N]. The fused minimum: read M·N, write M·N."""
+    return torch.softmax(x, dim=-1)
+
+
+def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
+    """The same softmax as five separate PyTorch ops, to count what fusion saves.
+
+    max: read MN, write M; x - max: read MN + M, write MN; exp: read MN, write MN;
+    sum: read MN, write M; divide: read MN + M, write MN. About 5 reads and 3 writes
+    of M·N elements, against one read and one write for a fused kernel.
+    """
+    row_max = x.max(dim=-1, keepdim=True).values
+    shifted = x - row_max
+    numerator = torch.exp(shifted)
+    denominator = numerator.sum(dim=-1, keepdim=True)
+    return numerator / denominator
+
+
+def softmax_bytes(m: int, n: int, dtype: torch.dtype) -> int:
+    return 2 * m * n * torch.empty((), dtype=dtype).element_size()
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for [M, K] and [K, N], computed in float64 and rounded once to the inputs' dtype.
+
+    Moves at least (M·K + K·N + M·N) elements; costs 2·M·N·K floating-point operations.
+    """
+    return torch.matmul(a.double(), b.double()).to(a.dtype)
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    return 2 * m * n * k

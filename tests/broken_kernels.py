@@ -146,3 +146,191 @@ def relu_minimum(x):
 
 def relu_without_mask(x):
     return _relu_launch(relu_no_mask_kernel, x)
+
+
+@triton.jit
+def add_no_masks_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.load(y_ptr + offsets))  # no masks
+
+
+def add_without_any_mask(x, y):
+    return _launch(add_no_masks_kernel, x, y)
+
+
+# --- lesson 03: 2-D add -------------------------------------------------------------------
+
+BLOCK_M, BLOCK_N = 16, 32
+
+
+@triton.jit
+def add_2d_kernel(
+    x_ptr, y_ptr, out_ptr, M, N, sxm, sxn, sym, syn, som, son,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SWAP_AXES: tl.constexpr, ROW_MASK_ONLY: tl.constexpr,
+):  # fmt: skip
+    if SWAP_AXES:  # mistake: rows taken from the grid's second axis
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROW_MASK_ONLY:  # mistake: the columns of the right-most tiles are not masked
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] >= 0)
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    x = tl.load(x_ptr + offs_m[:, None] * sxm + offs_n[None, :] * sxn, mask=mask)
+    y = tl.load(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, mask=mask)
+    tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :] * son, x + y, mask=mask)
+
+
+def _add_2d(x, y, *, strides=None, swap=False, row_mask_only=False, floor_grid=False):
+    M, N = x.shape
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    div = (lambda a, b: max(a // b, 1)) if floor_grid else triton.cdiv
+    grid = (div(M, BLOCK_M), div(N, BLOCK_N))
+    strides = strides or (*x.stride(), *y.stride())
+    add_2d_kernel[grid](x, y, out, M, N, *strides, *out.stride(), BLOCK_M=BLOCK_M,
+                        BLOCK_N=BLOCK_N, SWAP_AXES=swap, ROW_MASK_ONLY=row_mask_only)  # fmt: skip
+    return out
+
+
+def add_2d_assumes_contiguous(x, y):
+    N = x.shape[1]
+    return _add_2d(x, y, strides=(N, 1, N, 1))
+
+
+def add_2d_swapped_axes(x, y):
+    return _add_2d(x, y, swap=True)
+
+
+def add_2d_row_mask_only(x, y):
+    return _add_2d(x, y, row_mask_only=True)
+
+
+def add_2d_grid_floor(x, y):
+    return _add_2d(x, y, floor_grid=True)
+
+
+# --- lesson 04: softmax -------------------------------------------------------------------
+
+
+@triton.jit
+def softmax_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
+    BLOCK_SIZE: tl.constexpr, PAD: tl.constexpr, SUBTRACT_MAX: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=PAD).to(tl.float32)
+    if SUBTRACT_MAX:
+        x = x - tl.max(x, axis=0)
+    numerator = tl.exp(x)
+    out = numerator / tl.sum(numerator, axis=0)
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _softmax(x, *, block=None, pad=-float("inf"), subtract_max=True, row_stride=None):
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    block = block or triton.next_power_of_2(n_cols)
+    stride = row_stride if row_stride is not None else x.stride(0)
+    softmax_kernel[(n_rows,)](x, out, n_rows, n_cols, stride, out.stride(0), BLOCK_SIZE=block,
+                              PAD=pad, SUBTRACT_MAX=subtract_max)  # fmt: skip
+    return out
+
+
+def softmax_fixed_block_256(x):
+    return _softmax(x, block=256)  # the seed's pitfall: right only for rows of <= 256
+
+
+def softmax_zero_padding(x):
+    return _softmax(x, pad=0.0)
+
+
+def softmax_no_max_subtraction(x):
+    return _softmax(x, subtract_max=False)
+
+
+def softmax_ignores_row_stride(x):
+    return _softmax(x, row_stride=x.shape[1])
+
+
+def softmax_over_columns(x):
+    return _softmax(x.t().contiguous()).t().contiguous()  # normalises each column
+
+
+# --- lesson 05: matmul --------------------------------------------------------------------
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    MASK_K: tl.constexpr, ADVANCE: tl.constexpr, FP16_ACC: tl.constexpr, MASK_STORE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
+    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
+    if FP16_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # mistake: half accumulator
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        if not MASK_K:  # mistake: the last K step reads past the end
+            k_mask = offs_k >= 0
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b).to(acc.dtype)
+        if ADVANCE:
+            a_ptrs += BLOCK_K * sak
+            b_ptrs += BLOCK_K * sbk
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if not MASK_STORE:  # mistake: edge tiles write past the matrix
+        c_mask = offs_m[:, None] >= 0
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+def _matmul(a, b, *, mask_k=True, advance=True, fp16_acc=False, mask_store=True,
+            out_dtype=None, swap_a=False):  # fmt: skip
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
+    sa = a.stride()[::-1] if swap_a else a.stride()
+    grid = (triton.cdiv(M, 32) * triton.cdiv(N, 32),)
+    matmul_kernel[grid](a, b, c, M, N, K, *sa, *b.stride(), *c.stride(), BLOCK_M=32,
+                        BLOCK_N=32, BLOCK_K=32, MASK_K=mask_k, ADVANCE=advance,
+                        FP16_ACC=fp16_acc, MASK_STORE=mask_store)  # fmt: skip
+    return c
+
+
+def matmul_without_k_mask(a, b):
+    return _matmul(a, b, mask_k=False)
+
+
+def matmul_pointers_not_advanced(a, b):
+    return _matmul(a, b, advance=False)
+
+
+def matmul_fp16_accumulator(a, b):
+    return _matmul(a, b, fp16_acc=a.dtype != torch.float32)
+
+
+def matmul_fp32_output(a, b):
+    return _matmul(a, b, out_dtype=torch.float32)
+
+
+def matmul_without_store_mask(a, b):
+    return _matmul(a, b, mask_store=False)
+
+
+def matmul_swapped_a_strides(a, b):
+    return _matmul(a, b, swap_a=True)

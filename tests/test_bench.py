@@ -25,10 +25,10 @@ def test_bytes_moved_by_the_references():
 
 
 def _fake_sweep():
-    sweep = bench.Sweep("add", torch.float32, ceiling_gbps=3000.0)
-    sweep.sizes = [1 << 20, 1 << 28]
-    sweep.kernel_gbps = [1500.0, 2850.0]
-    sweep.torch_gbps = [1600.0, 2800.0]
+    sweep = bench.Sweep("add", torch.float32, ceiling=3000.0)
+    sweep.points = [1 << 20, 1 << 28]
+    sweep.kernel = [1500.0, 2850.0]
+    sweep.baselines = {"torch": [1600.0, 2800.0]}
     return sweep
 
 
@@ -39,6 +39,16 @@ def test_sweep_ratios_and_table():
     table = _fake_sweep().table()
     assert "| 2^28 | 2,850 | 2,800 | 1.018 | 0.950 |" in table
     assert "copy bandwidth 3,000 GB/s" in table
+
+
+def test_shapes_label_and_extra_baselines():
+    sweep = bench.Sweep("softmax", torch.float32, ceiling=4000.0)
+    sweep.points = [(4096, 781)]
+    sweep.kernel = [2000.0]
+    sweep.baselines = {"torch": [1600.0], "torch.compile": [1800.0]}
+    table = sweep.table()
+    assert "| size | kernel GB/s | torch GB/s | torch.compile GB/s |" in table
+    assert "| 4096x781 | 2,000 | 1,600 | 1,800 | 1.250 | 1.111 | 0.500 |" in table
 
 
 def test_plot_shows_kernel_torch_and_ceiling(tmp_path):
@@ -75,3 +85,18 @@ def test_small_sweep_on_gpu(tmp_path):
     )
     assert len(sweep.rows()) == 2
     assert all(0 < r["kernel/ceiling"] < 1.5 for r in sweep.rows())
+
+
+@pytest.mark.gpu
+def test_small_flops_sweep_on_gpu():
+    from course_lib.kernels import matmul
+
+    sweep = bench.flops_sweep(
+        "matmul",
+        matmul.matmul,
+        torch.matmul,
+        shapes=[(512, 512, 512)],
+        dtype=torch.float16,
+        rounds=1,
+    )
+    assert sweep.unit == "TFLOP/s" and 0 < sweep.rows()[0]["kernel/torch"] < 3

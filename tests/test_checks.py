@@ -43,6 +43,7 @@ def test_finished_kernels_pass_with_one_deterministic_line(check, fn, capsys):
 
 ADD_MISTAKES = [
     (broken.add_without_mask, "past the end were written", "mask = offsets < n_elements"),
+    (broken.add_without_any_mask, "past the end were written", "mask = offsets < n_elements"),
     (broken.add_without_store, "0 of 37 elements written", "did the kernel store its result"),
     (broken.add_grid_too_small, "only the first", "the grid is too small"),
     (broken.add_wrong_op, "elements wrong; worst at", "you subtract"),
@@ -111,7 +112,7 @@ def test_checker_rejects_a_non_callable():
 
 
 def test_poison_marks_unwritten_elements_exactly():
-    for dtype in TOLERANCES:
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
         t = poison_(torch.empty(8, dtype=dtype))
         assert bool(is_poison(t).all()) and bool(torch.isnan(t.float()).all())
         t[3] = float("nan")  # a NaN a kernel computed is not the poison
@@ -153,3 +154,82 @@ def test_result_headline_counts_cases():
     result = CheckResult("demo", [CaseResult("a"), CaseResult("b", ["wrong"], "fix it")])
     assert result.headline == "✗ demo: 1 of 2 cases passed"
     assert "hint: fix it" in result.report()
+
+
+def test_guarded_copy_replicates_the_memory_between_strided_elements():
+    base = torch.randn(10, 12)
+    x = base[::2, :5]  # rows 24 elements apart, 7 unused elements after each row
+    view, buf = guarded_copy(x, "x")
+    assert view.stride() == x.stride() and torch.equal(view, x)
+    spanned = buf.buffer[buf.offset : buf.offset + buf.span]
+    assert torch.equal(spanned, base.reshape(-1)[: buf.span])
+
+
+def test_add_2d_and_softmax_finished_kernels_pass(capsys):
+    from course_lib.kernels import add_2d, softmax
+
+    assert course_lib.check_add_2d(add_2d.add_2d).passed
+    assert course_lib.check_softmax(softmax.softmax).passed
+    assert capsys.readouterr().out == "✓ add_2d: every case passed\n✓ softmax: every case passed\n"
+
+
+ADD_2D_MISTAKES = [
+    (broken.add_2d_assumes_contiguous, "x transposed, float32: ", "assumes contiguous memory"),
+    (broken.add_2d_swapped_axes, "rows written", "axes disagree"),
+    (broken.add_2d_row_mask_only, "past the end were written", "mask both dimensions"),
+    (broken.add_2d_grid_floor, "never written", "misses the edge tiles"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint"), ADD_2D_MISTAKES, ids=[m[0].__name__ for m in ADD_2D_MISTAKES]
+)
+def test_add_2d_check_names_the_mistake(fn, problem, hint):
+    report = _failure(course_lib.check_add_2d, fn)
+    assert problem in report and hint in report, report
+
+
+SOFTMAX_MISTAKES = [
+    (
+        broken.softmax_fixed_block_256,
+        "16x1024 (rows wider than 256), float32: only the first 256 of 1024 columns written",
+        "BLOCK_SIZE = triton.next_power_of_2(n_cols)",
+    ),
+    (broken.softmax_zero_padding, "37x781", "other=-float('inf')"),
+    (broken.softmax_no_max_subtraction, "(values up to ±1e4), float32: ", "subtract the row max"),
+    (broken.softmax_ignores_row_stride, "(row stride 900), float32: ", "x.stride(0)"),
+    (broken.softmax_over_columns, "elements wrong", "over each row"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=[m[0].__name__ for m in SOFTMAX_MISTAKES]
+)
+def test_softmax_check_names_the_mistake(fn, problem, hint):
+    report = _failure(course_lib.check_softmax, fn)
+    assert problem in report and hint in report, report
+
+
+def test_matmul_finished_kernel_passes(capsys):
+    from course_lib.kernels import matmul
+
+    assert course_lib.check_matmul(matmul.matmul).passed
+    assert capsys.readouterr().out == "✓ matmul: every case passed\n"
+
+
+MATMUL_MISTAKES = [
+    (broken.matmul_without_k_mask, "got nan", "Mask the K dimension"),
+    (broken.matmul_pointers_not_advanced, "elements wrong", "advance the pointers"),
+    (broken.matmul_fp16_accumulator, "(long K), float16: ", "accumulate in float32"),
+    (broken.matmul_fp32_output, "output dtype torch.float32", "acc.to(c_ptr.dtype.element_ty)"),
+    (broken.matmul_without_store_mask, "past the end were written", "mask the store"),
+    (broken.matmul_swapped_a_strides, "(square), float32: ", "A's strides are swapped"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint"), MATMUL_MISTAKES, ids=[m[0].__name__ for m in MATMUL_MISTAKES]
+)
+def test_matmul_check_names_the_mistake(fn, problem, hint):
+    report = _failure(course_lib.check_matmul, fn)
+    assert problem in report and hint in report, report

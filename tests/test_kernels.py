@@ -74,3 +74,109 @@ def test_large_sizes_on_gpu(n):
     x, y = torch.randn(n, device=DEVICE), torch.randn(n, device=DEVICE)
     torch.testing.assert_close(vector_add.add(x, y), x + y, rtol=0, atol=0)
     torch.testing.assert_close(relu.relu(x), torch.relu(x), rtol=0, atol=0)
+
+
+# --- lessons 03-05 ------------------------------------------------------------------------
+
+from course_lib.kernels import add_2d, matmul, softmax  # noqa: E402
+
+SHAPES_2D = [(1, 1), (1, 1000), (1000, 1), (37, 61), (130, 257)]
+
+
+def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "transposed":
+        return t.t().contiguous().t()
+    if layout == "strided":
+        big = torch.zeros(t.shape[0] * 2, t.shape[1] * 3, dtype=t.dtype, device=t.device)
+        big[::2, ::3] = t
+        return big[::2, ::3]
+    return t
+
+
+@pytest.mark.parametrize("shape", SHAPES_2D, ids=[f"{m}x{n}" for m, n in SHAPES_2D])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_add_2d_any_strides(shape, layout):
+    x = _layout(torch.randn(*shape, device=DEVICE), layout)
+    y = torch.randn(*shape, device=DEVICE)
+    out = add_2d.add_2d(x, y)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+
+
+def test_add_2d_rejects_bad_input_clearly():
+    with pytest.raises(ValueError, match="expects 2-D tensors"):
+        add_2d.add_2d(torch.ones(3, device=DEVICE), torch.ones(3, device=DEVICE))
+    with pytest.raises(ValueError, match="shapes differ"):
+        add_2d.add_2d(torch.ones(2, 3, device=DEVICE), torch.ones(3, 2, device=DEVICE))
+
+
+SOFTMAX_SHAPES = [(1, 1), (3, 1), (1, 781), (37, 1024), (5, 3001), (3, 20_000), (2, 70_001)]
+
+
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=[f"{m}x{n}" for m, n in SOFTMAX_SHAPES])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_matches_torch(shape, dtype):
+    x = (torch.randn(*shape, device=DEVICE) * 3).to(dtype)
+    _close(softmax.softmax(x), torch.softmax(x, dim=-1))
+
+
+@pytest.mark.parametrize("n_cols", [300, 30_000], ids=["one-block", "split-rows"])
+def test_softmax_extreme_rows_like_torch(n_cols):
+    x = torch.randn(5, n_cols, device=DEVICE)
+    x[0] = float("-inf")  # all -inf: NaN, as torch gives
+    x[1, : n_cols * 2 // 3] = float("-inf")  # leading -inf blocks, then finite values
+    x[2] *= 1e4  # exp would overflow without the max subtraction
+    x[3, ::7] = float("-inf")
+    torch.testing.assert_close(softmax.softmax(x), torch.softmax(x, -1), equal_nan=True)
+
+
+def test_softmax_row_stride_and_columns():
+    wide = torch.randn(20, 900, device=DEVICE)
+    torch.testing.assert_close(softmax.softmax(wide[:, :781]), torch.softmax(wide[:, :781], -1))
+    column_major = torch.randn(300, 40, device=DEVICE).t()  # columns not adjacent
+    torch.testing.assert_close(softmax.softmax(column_major), torch.softmax(column_major, -1))
+    with pytest.raises(ValueError, match="2-D tensor"):
+        softmax.softmax(torch.ones(2, 3, 4, device=DEVICE))
+
+
+MATMUL_SHAPES = [(1, 1, 1), (1, 37, 17), (37, 1, 23), (29, 31, 1), (61, 67, 71), (45, 53, 7)]
+
+
+@pytest.mark.parametrize("shape", MATMUL_SHAPES, ids=["x".join(map(str, s)) for s in MATMUL_SHAPES])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_matches_float64(shape, dtype):
+    m, n, k = shape
+    a = torch.randn(m, k, device=DEVICE).to(dtype)
+    b = torch.randn(k, n, device=DEVICE).to(dtype).t().contiguous().t()  # B column-major
+    expected = (a.double() @ b.double()).to(dtype)
+    tol = tolerance_for("tf32" if dtype == torch.float32 and runtime.MODE == "gpu" else dtype)
+    atol = tol.atol * k**0.5
+    torch.testing.assert_close(matmul.matmul(a, b), expected, rtol=tol.rtol, atol=atol)
+    relu = matmul.matmul(a, b, activation="relu")
+    torch.testing.assert_close(relu, torch.relu(expected), rtol=tol.rtol, atol=atol)
+
+
+def test_matmul_edge_cases_and_errors():
+    a, b = torch.randn(3, 0, device=DEVICE), torch.randn(0, 4, device=DEVICE)
+    assert torch.equal(matmul.matmul(a, b), torch.zeros(3, 4, device=DEVICE))
+    with pytest.raises(ValueError, match=r"a \[M, K\] and b \[K, N\]"):
+        matmul.matmul(torch.ones(2, 3, device=DEVICE), torch.ones(4, 2, device=DEVICE))
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        matmul.matmul(torch.ones(2, 2, device=DEVICE), torch.ones(2, 2, device=DEVICE), "gelu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_matmul_awkward_large_shape_on_gpu(dtype):
+    a = torch.randn(1000, 777, device=DEVICE, dtype=dtype)
+    b = torch.randn(777, 3000, device=DEVICE, dtype=dtype)
+    expected = a.float() @ b.float()
+    error = (matmul.matmul(a, b).float() - expected).norm() / expected.norm()
+    assert error < 1e-2
+
+
+@pytest.mark.gpu
+def test_softmax_wide_rows_on_gpu():
+    for shape in [(4096, 1 << 17), (64, 1 << 20)]:
+        x = torch.randn(*shape, device=DEVICE)
+        torch.testing.assert_close(softmax.softmax(x), torch.softmax(x, -1))

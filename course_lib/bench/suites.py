@@ -1,44 +1,91 @@
 """The finished kernels' benchmarks, as run by ``python -m course_lib.bench``.
 
-Add a lesson's kernel by adding a function that returns its Sweep(s).
+Each suite takes the copy bandwidth measured once at the start of the run and
+returns its Sweeps. Add a lesson's kernel by adding a suite to SUITES.
 """
 
 from __future__ import annotations
 
-from course_lib import references
-from course_lib.bench.sweep import Sweep, bandwidth_sweep
-from course_lib.kernels import relu, vector_add
+import torch
+
+from course_lib import references, runtime
+from course_lib.bench.sweep import Sweep, bandwidth_sweep, flops_sweep
+from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
 SIZES = [1 << p for p in (12, 14, 16, 18)] + [1 << p for p in range(20, 29)]
+SOFTMAX_SHAPES = [(4096, 781), (4096, 1024), (8192, 4096), (4096, 16384), (1823, 12345),
+                  (4096, 1 << 17), (64, 1 << 20)]  # fmt: skip
+MATMUL_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (1000, 3000, 777)]
 
 
 def vector_add_suite(ceiling_gbps: float) -> list[Sweep]:
     return [
         bandwidth_sweep(
-            "add",
-            vector_add.add,
-            references.vector_add,
-            n_inputs=2,
-            bytes_moved=references.vector_add_bytes,
-            sizes=SIZES,
-            ceiling_gbps=ceiling_gbps,
+            "add", vector_add.add, references.vector_add, n_inputs=2,
+            bytes_moved=references.vector_add_bytes, sizes=SIZES, ceiling_gbps=ceiling_gbps,
         )
-    ]
+    ]  # fmt: skip
 
 
 def relu_suite(ceiling_gbps: float) -> list[Sweep]:
     return [
         bandwidth_sweep(
-            "relu",
-            relu.relu,
-            references.relu,
-            n_inputs=1,
-            bytes_moved=references.relu_bytes,
-            sizes=SIZES,
-            ceiling_gbps=ceiling_gbps,
+            "relu", relu.relu, references.relu, n_inputs=1,
+            bytes_moved=references.relu_bytes, sizes=SIZES, ceiling_gbps=ceiling_gbps,
         )
-    ]
+    ]  # fmt: skip
 
 
-SUITES = {"add": vector_add_suite, "relu": relu_suite}
+def add_2d_suite(ceiling_gbps: float) -> list[Sweep]:
+    sweeps = []
+    for layout in ("contiguous", "transposed"):
+
+        def make_inputs(shape, layout=layout):
+            m, n = shape
+            x, y = (torch.randn(m, n, device=runtime.DEVICE) for _ in range(2))
+            return (x, y) if layout == "contiguous" else (x.t(), y.t())
+
+        sweeps.append(
+            bandwidth_sweep(
+                f"add_2d ({layout} inputs)", add_2d.add_2d, lambda x, y: x + y,
+                bytes_moved=lambda numel, dtype: references.add_2d_bytes(numel, 1, dtype),
+                sizes=[(1024, 1024), (4096, 4096), (8192, 8192)],
+                ceiling_gbps=ceiling_gbps, make_inputs=make_inputs,
+            )
+        )  # fmt: skip
+    return sweeps
+
+
+def softmax_suite(ceiling_gbps: float) -> list[Sweep]:
+    compiled = torch.compile(references.softmax, dynamic=False)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return [
+        bandwidth_sweep(
+            "softmax", softmax.softmax, references.softmax, n_inputs=1,
+            bytes_moved=lambda numel, dtype: references.softmax_bytes(numel, 1, dtype),
+            sizes=SOFTMAX_SHAPES, ceiling_gbps=ceiling_gbps,
+            others={"torch.compile": compiled},
+        )
+    ]  # fmt: skip
+
+
+def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
+    sweeps = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        # fp32 runs as TF32 on both sides, the fair fight on tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
+        shapes = MATMUL_SHAPES if dtype != torch.float32 else MATMUL_SHAPES[:2] + MATMUL_SHAPES[3:]
+        name = "matmul (TF32)" if dtype == torch.float32 else "matmul"
+        sweeps.append(flops_sweep(name, matmul.matmul, torch.matmul, shapes=shapes, dtype=dtype))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return sweeps
+
+
+SUITES = {
+    "add": vector_add_suite,
+    "relu": relu_suite,
+    "add_2d": add_2d_suite,
+    "softmax": softmax_suite,
+    "matmul": matmul_suite,
+}

@@ -1,7 +1,9 @@
-"""Bandwidth sweeps over sizes: kernel vs PyTorch vs the measured ceiling."""
+"""Sweeps: a kernel timed against PyTorch (and other baselines) over sizes or shapes,
+next to a ceiling measured in the same run."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -9,47 +11,106 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib import runtime
-from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms
+from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms, tflop_per_s
+
+Point = int | tuple[int, ...]
+
+
+def label(point: Point) -> str:
+    """'2^20' for a power of two, '4096x781' for a shape, the number otherwise."""
+    if isinstance(point, tuple):
+        return "x".join(str(p) for p in point)
+    if point > 0 and point & (point - 1) == 0:
+        return f"2^{point.bit_length() - 1}"
+    return str(point)
 
 
 @dataclass
 class Sweep:
-    """One kernel timed against PyTorch over sizes, with the ceiling of the same run."""
+    """Throughput of a kernel and its baselines at each point, and the ceiling."""
 
     name: str
     dtype: torch.dtype
-    ceiling_gbps: float
-    sizes: list[int] = field(default_factory=list)
-    kernel_gbps: list[float] = field(default_factory=list)
-    torch_gbps: list[float] = field(default_factory=list)
+    ceiling: float
+    unit: str = "GB/s"
+    ceiling_name: str = "copy bandwidth"
+    points: list[Point] = field(default_factory=list)
+    kernel: list[float] = field(default_factory=list)
+    baselines: dict[str, list[float]] = field(default_factory=dict)
 
     def rows(self) -> list[dict]:
-        return [
-            {
-                "n": n,
-                "kernel GB/s": k,
-                "torch GB/s": t,
-                "kernel/torch": k / t,
-                "kernel/ceiling": k / self.ceiling_gbps,
-            }
-            for n, k, t in zip(self.sizes, self.kernel_gbps, self.torch_gbps)
-        ]
+        rows = []
+        for i, point in enumerate(self.points):
+            row = {"point": label(point), "kernel": self.kernel[i]}
+            for name, values in self.baselines.items():
+                row[name] = values[i]
+                row[f"kernel/{name}"] = self.kernel[i] / values[i]
+            row["kernel/ceiling"] = self.kernel[i] / self.ceiling
+            rows.append(row)
+        return rows
 
     def table(self) -> str:
         """A markdown table of the sweep."""
+        names = list(self.baselines)
+        header = (
+            ["size", f"kernel {self.unit}"]
+            + [f"{n} {self.unit}" for n in names]
+            + [f"kernel/{n}" for n in names]
+            + ["kernel/ceiling"]
+        )
+        dtype = str(self.dtype).removeprefix("torch.")
         lines = [
-            f"**{self.name}** ({str(self.dtype).removeprefix('torch.')}; "
-            f"ceiling: copy bandwidth {self.ceiling_gbps:,.0f} GB/s)",
+            f"**{self.name}** ({dtype}; ceiling: {self.ceiling_name} "
+            f"{self.ceiling:,.0f} {self.unit}, measured in this run)",
             "",
-            "| n | kernel GB/s | torch GB/s | kernel/torch | kernel/ceiling |",
-            "|---:|---:|---:|---:|---:|",
+            "| " + " | ".join(header) + " |",
+            "|" + "---:|" * len(header),
         ]
         for r in self.rows():
-            lines.append(
-                f"| 2^{r['n'].bit_length() - 1} | {r['kernel GB/s']:,.0f} | {r['torch GB/s']:,.0f} "
-                f"| {r['kernel/torch']:.3f} | {r['kernel/ceiling']:.3f} |"
-            )
+            cells = [r["point"], f"{r['kernel']:,.0f}"]
+            cells += [f"{r[n]:,.0f}" for n in names]
+            cells += [f"{r[f'kernel/{n}']:.3f}" for n in names]
+            cells.append(f"{r['kernel/ceiling']:.3f}")
+            lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+
+def run_sweep(
+    sweep: Sweep,
+    kernel: Callable[..., torch.Tensor],
+    baselines: dict[str, Callable[..., torch.Tensor]],
+    points: Sequence[Point],
+    make_inputs: Callable[[Point], Sequence[torch.Tensor]],
+    throughput: Callable[[Point, float], float],
+    rounds: int = 5,
+) -> Sweep:
+    """Time `kernel` and each baseline at every point; fill `sweep` with throughputs.
+
+    Each point is timed in `rounds` interleaved rounds (kernel, baselines, kernel, ...),
+    each round a do_bench median, and the median round is kept: drift of clocks and
+    cache state between rounds then touches every side alike. Small sizes need it:
+    a few microseconds per run swing by 10% from one do_bench call to the next.
+    """
+    if runtime.INTERPRETED:
+        raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
+    from tqdm.auto import tqdm
+
+    reference = next(iter(baselines.values()))
+    sweep.baselines = {name: [] for name in baselines}
+    for point in tqdm(points, desc=sweep.name, leave=False):
+        inputs = make_inputs(point)
+        torch.testing.assert_close(kernel(*inputs), reference(*inputs), rtol=2e-2, atol=2e-2)
+        fns = {"kernel": kernel, **baselines}
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(median_ms(lambda f=fn, a=inputs: f(*a)))
+        sweep.points.append(point)
+        sweep.kernel.append(throughput(point, statistics.median(times["kernel"])))
+        for name in baselines:
+            sweep.baselines[name].append(throughput(point, statistics.median(times[name])))
+        del inputs
+    return sweep
 
 
 def bandwidth_sweep(
@@ -57,53 +118,98 @@ def bandwidth_sweep(
     kernel: Callable[..., torch.Tensor],
     reference: Callable[..., torch.Tensor],
     *,
-    n_inputs: int,
+    n_inputs: int = 1,
     bytes_moved: Callable[[int, torch.dtype], int],
-    sizes: Sequence[int] = tuple(1 << p for p in range(12, 29, 2)),
+    sizes: Sequence[Point] = tuple(1 << p for p in range(12, 29, 2)),
     dtype: torch.dtype = torch.float32,
     ceiling_gbps: float | None = None,
     rounds: int = 5,
+    make_inputs: Callable[[Point], Sequence[torch.Tensor]] | None = None,
+    others: dict[str, Callable[..., torch.Tensor]] | None = None,
 ) -> Sweep:
-    """Time `kernel` and `reference` on random inputs of each size; GB/s from `bytes_moved`.
+    """GB/s of `kernel` and `reference` (PyTorch) over sizes or shapes.
 
-    Each size is timed in `rounds` interleaved rounds (kernel, PyTorch, kernel, ...),
-    each round a do_bench median, and the median round is kept: drift of clocks and
-    cache state between rounds then touches both sides alike. Small sizes need it:
-    a few microseconds per run swing by 10% from one do_bench call to the next.
+    Inputs are `n_inputs` random tensors of each size (an int, or a shape), or
+    whatever `make_inputs(size)` returns. `bytes_moved(numel, dtype)` counts the
+    bytes one call must move. `others` adds baselines, such as a torch.compile'd
+    version. The ceiling is the device's copy bandwidth, measured now unless given.
     """
     if runtime.INTERPRETED:
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
-    from tqdm.auto import tqdm
 
-    if ceiling_gbps is None:
-        ceiling_gbps = copy_bandwidth()
-    sweep = Sweep(name, dtype, ceiling_gbps)
-    for n in tqdm(sizes, desc=name, leave=False):
-        inputs = [torch.randn(n, device=runtime.DEVICE, dtype=dtype) for _ in range(n_inputs)]
-        torch.testing.assert_close(kernel(*inputs), reference(*inputs))
-        kernel_ms, torch_ms = [], []
-        for _ in range(rounds):
-            kernel_ms.append(median_ms(lambda a=inputs: kernel(*a)))
-            torch_ms.append(median_ms(lambda a=inputs: reference(*a)))
-        nbytes = bytes_moved(n, dtype)
-        sweep.sizes.append(n)
-        sweep.kernel_gbps.append(gb_per_s(nbytes, statistics.median(kernel_ms)))
-        sweep.torch_gbps.append(gb_per_s(nbytes, statistics.median(torch_ms)))
-    return sweep
+    def random_inputs(size: Point) -> list[torch.Tensor]:
+        shape = size if isinstance(size, tuple) else (size,)
+        return [torch.randn(shape, device=runtime.DEVICE, dtype=dtype) for _ in range(n_inputs)]
+
+    def throughput(size: Point, ms: float) -> float:
+        numel = math.prod(size) if isinstance(size, tuple) else size
+        return gb_per_s(bytes_moved(numel, dtype), ms)
+
+    ceiling = copy_bandwidth() if ceiling_gbps is None else ceiling_gbps
+    sweep = Sweep(name, dtype, ceiling)
+    baselines = {"torch": reference, **(others or {})}
+    return run_sweep(
+        sweep, kernel, baselines, sizes, make_inputs or random_inputs, throughput, rounds
+    )
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 8192) -> float:
+    """The compute ceiling in TFLOP/s: torch.matmul on size^3 random matrices of `dtype`."""
+    a = torch.randn(size, size, device=runtime.DEVICE, dtype=dtype)
+    b = torch.randn(size, size, device=runtime.DEVICE, dtype=dtype)
+    return tflop_per_s(2 * size**3, median_ms(lambda: torch.matmul(a, b)))
+
+
+def flops_sweep(
+    name: str,
+    kernel: Callable[..., torch.Tensor],
+    reference: Callable[..., torch.Tensor],
+    *,
+    shapes: Sequence[tuple[int, int, int]],
+    dtype: torch.dtype,
+    ceiling_tflops: float | None = None,
+    rounds: int = 3,
+) -> Sweep:
+    """TFLOP/s of a matmul `kernel(a, b)` and `reference` over (M, N, K) shapes.
+
+    The ceiling is torch.matmul's own rate on an 8192^3 product of the same dtype,
+    measured now unless given: the peak this GPU reaches in practice.
+    """
+    if runtime.INTERPRETED:
+        raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
+
+    def make_inputs(shape):
+        m, n, k = shape
+        return (
+            torch.randn(m, k, device=runtime.DEVICE, dtype=dtype),
+            torch.randn(k, n, device=runtime.DEVICE, dtype=dtype),
+        )
+
+    ceiling = matmul_peak(dtype) if ceiling_tflops is None else ceiling_tflops
+    sweep = Sweep(name, dtype, ceiling, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3")
+    throughput = lambda shape, ms: tflop_per_s(2 * math.prod(shape), ms)
+    return run_sweep(sweep, kernel, {"torch": reference}, shapes, make_inputs, throughput, rounds)
 
 
 def plot_sweep(sweep: Sweep, ax=None, path: str | None = None):
-    """Plot GB/s over size: the kernel, PyTorch, and the ceiling as a dashed line."""
+    """Plot throughput per point: the kernel, each baseline, and the ceiling (dotted)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(sweep.sizes, sweep.kernel_gbps, "o-", label=f"Triton {sweep.name}")
-    ax.plot(sweep.sizes, sweep.torch_gbps, "s--", label="PyTorch")
-    ax.axhline(sweep.ceiling_gbps, color="gray", linestyle=":", label="copy bandwidth (ceiling)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("elements")
-    ax.set_ylabel("GB/s")
+    numeric = all(isinstance(p, int) for p in sweep.points)
+    x = sweep.points if numeric else list(range(len(sweep.points)))
+    ax.plot(x, sweep.kernel, "o-", label=f"Triton {sweep.name}")
+    for (name, values), style in zip(sweep.baselines.items(), ["s--", "^-.", "v:"]):
+        ax.plot(x, values, style, label="PyTorch" if name == "torch" else name)
+    ax.axhline(sweep.ceiling, color="gray", linestyle=":", label=f"{sweep.ceiling_name} (ceiling)")
+    if numeric:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("elements")
+    else:
+        ax.set_xticks(x, [label(p) for p in sweep.points], rotation=30, ha="right")
+        ax.set_xlabel("shape")
+    ax.set_ylabel(sweep.unit)
     ax.set_ylim(bottom=0)
     ax.set_title(f"{sweep.name}, {str(sweep.dtype).removeprefix('torch.')}")
     ax.legend()

@@ -24,10 +24,14 @@ from course_lib.checks.tolerances import tolerance_for
 
 @dataclass
 class Case:
-    """One call of the learner's function: a label and clean input values."""
+    """One call of the learner's function: a label, clean input values, and a
+    free-form `kind` a check's `refine` can group cases by ("transposed", ...)."""
 
     label: str
     inputs: tuple[torch.Tensor, ...]
+    kind: str = ""
+    tolerance: torch.dtype | str | None = None  # a TOLERANCES key; default: output dtype
+    atol_scale: float = 1.0  # e.g. sqrt(K) for a dot product of K terms
 
 
 @dataclass
@@ -42,11 +46,59 @@ class KnownMistake:
     hint: str
 
 
+@dataclass(frozen=True)
+class Hints:
+    """What to tell the learner for each symptom. A check overrides the ones its lesson
+    words differently (2-D tiles, rows of a softmax, the K loop of a matmul)."""
+
+    out_of_bounds: str = (
+        "the last block runs past the end. Guard tl.store (and tl.load) with "
+        "mask = offsets < n_elements"
+    )
+    before_start: str = "some offsets are negative: check how you compute the offsets"
+    nothing_written: str = (
+        "did the kernel store its result? Check tl.store's pointer and the grid size"
+    )
+    grid_too_small: str = (
+        "the grid is too small: launch triton.cdiv(n_elements, BLOCK_SIZE) programs "
+        "so the last, partial block is covered too"
+    )
+    missing_rows: str = "the grid misses the last rows: launch triton.cdiv(M, BLOCK_M) programs"
+    missing_columns: str = (
+        "the grid misses the last columns: launch triton.cdiv(N, BLOCK_N) programs"
+    )
+    missing_edges: str = (
+        "the grid misses the edge tiles: launch triton.cdiv(M, BLOCK_M) x "
+        "triton.cdiv(N, BLOCK_N) programs"
+    )
+    scattered: str = (
+        "each program must cover its own block: "
+        "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)"
+    )
+    unmasked_load: str = (
+        "the result is right by luck: reading past the end is undefined on a GPU. "
+        "Pass mask= to tl.load as well as to tl.store"
+    )
+    read_past_end: str = (
+        "NaN or inf where the reference is finite: the memory around your inputs holds "
+        "NaN during a check, so your kernel read outside an input. Check the load masks"
+    )
+    zeros: str = (
+        "the wrong elements are all 0: did you load with other=0 where you meant to "
+        "load real data, or store a zero-initialised value?"
+    )
+    wrong_values: str = (
+        "the values differ from the reference: check the operation your kernel applies"
+    )
+    dtype: str = "allocate the output with the inputs' dtype (torch.empty_like(x) keeps it)"
+
+
 @dataclass
 class CaseResult:
     label: str
     problems: list[str] = field(default_factory=list)
     hint: str | None = None
+    relative_error: float | None = None  # ‖got - expected‖ / ‖expected‖, when values were wrong
 
     @property
     def passed(self) -> bool:
@@ -114,11 +166,21 @@ def run_check(
     cases: Sequence[Case],
     reference: Callable[..., torch.Tensor],
     mistakes: Sequence[KnownMistake] = (),
+    hints: Hints = Hints(),
+    refine: Callable[[Sequence[Case], list[CaseResult]], None] | None = None,
 ) -> CheckResult:
-    """Run every case; print one line and return the result, or raise CheckFailed."""
+    """Run every case; print one line and return the result, or raise CheckFailed.
+
+    `refine`, if given, sees all cases and their results at the end and may
+    sharpen hints that only a comparison across cases reveals (say, contiguous
+    inputs pass and transposed ones fail: the kernel ignores strides).
+    """
     if not callable(fn):
         raise TypeError(f"check_{name} expects your launcher function, got {type(fn).__name__}")
-    result = CheckResult(name, [_run_case(fn, case, reference, mistakes) for case in cases])
+    results = [_run_case(fn, case, reference, mistakes, hints) for case in cases]
+    if refine is not None:
+        refine(cases, results)
+    result = CheckResult(name, results)
     if not result.passed:
         raise CheckFailed(result)
     print(result.headline)
@@ -129,7 +191,7 @@ def _input_names(n: int) -> list[str]:
     return ["x", "y", "z", "w"][:n] if n <= 4 else [f"input {i}" for i in range(n)]
 
 
-def _run_case(fn, case: Case, reference, mistakes) -> CaseResult:
+def _run_case(fn, case: Case, reference, mistakes, hints: Hints) -> CaseResult:
     result = CaseResult(case.label)
     expected = reference(*case.inputs)
     names = _input_names(len(case.inputs))
@@ -148,27 +210,25 @@ def _run_case(fn, case: Case, reference, mistakes) -> CaseResult:
     except NotImplementedError:
         raise  # the exercise is not written yet: let the learner see the stub's message
     except Exception as error:  # noqa: BLE001  (anything the learner's code raises is a finding)
-        _explain_exception(error, result)
+        _explain_exception(error, result, hints)
         return result
 
+    diagnosis = _Diagnosis(result, hints, case, mistakes)
+    diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
     stray_reads = sum(n for (kind, _), n in stray_accesses.items() if kind == "load")
-    _diagnose(result, out, expected, case, inputs, [g for _, g in guarded], arena, mistakes)
     if stray_reads and result.passed:
         result.problems.append(
             f"{stray_reads} loads read outside the inputs (unmasked tl.load past the end)"
         )
-        result.hint = (
-            "the result is right by luck: reading past the end is undefined on a GPU. "
-            "Pass mask= to tl.load as well as to tl.store"
-        )
+        result.hint = hints.unmasked_load
     return result
 
 
-def _explain_exception(error: BaseException, result: CaseResult) -> None:
+def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -> None:
     oob = interpreter_guard.find_out_of_bounds(error)
     if oob is not None:
         result.problems.append(f"out-of-bounds access stopped: {oob}")
-        result.hint = "the last block runs past the end. Use mask = offsets < n_elements"
+        result.hint = hints.out_of_bounds
         return
     message = str(error).strip().splitlines()
     first = message[-1] if message else ""
@@ -180,113 +240,175 @@ def _explain_exception(error: BaseException, result: CaseResult) -> None:
     result.hint = "read the error above: it happened inside your launcher or kernel"
 
 
-def _diagnose(result, out, expected, case, inputs, input_buffers, arena, mistakes):
-    problems, names = result.problems, _input_names(len(inputs))
-    if out is None:
-        problems.append("your function returned None")
-        result.hint = "return the output tensor at the end of your launcher"
-        return
-    if not isinstance(out, torch.Tensor):
-        problems.append(f"your function returned a {type(out).__name__}, not a tensor")
-        result.hint = "return the output tensor itself"
-        return
-    for name, buf in zip(names, input_buffers):
-        if buf.owns(out):
-            problems.append(f"the result is the input `{name}` itself")
-            result.hint = (
-                "allocate a new output with torch.empty_like(x), store into it, and return it"
-            )
+@dataclass
+class _Diagnosis:
+    """Turns what one case left behind into problems and the most specific hint."""
+
+    result: CaseResult
+    hints: Hints
+    case: Case
+    mistakes: Sequence[KnownMistake]
+
+    def problem(self, text: str, hint: str | None = None) -> None:
+        self.result.problems.append(text)
+        if hint is not None and self.result.hint is None:
+            self.result.hint = hint
+
+    def run(self, out, expected, inputs, input_buffers, arena: GuardedArena) -> None:
+        if not self._output_is_usable(out, expected, input_buffers):
             return
-    for name, view, clean in zip(names, inputs, case.inputs):
-        if not torch.equal(view, clean):
-            problems.append(f"input `{name}` was modified")
-            result.hint = "tl.store must write only to out_ptr; never to an input's pointer"
-    if out.shape != expected.shape:
-        problems.append(f"output shape {list(out.shape)}, expected {list(expected.shape)}")
-        result.hint = "allocate the output with the input's shape: torch.empty_like(x)"
-        return
-    if out.device != expected.device:
-        problems.append(f"output on {out.device}, expected {expected.device}")
-        result.hint = "allocate the output on the inputs' device: torch.empty_like(x)"
-        return
-    if out.dtype != expected.dtype:
-        problems.append(f"output dtype {out.dtype}, expected {expected.dtype}")
-        result.hint = "allocate the output with the inputs' dtype: torch.empty_like(x) keeps it"
-        return
-    _diagnose_stray_writes(result, arena.buffers + input_buffers)
-    # an output the arena did not serve (say, x.clone()) cannot show unwritten elements
-    owned = arena.owner(out) is not None
-    unwritten = is_poison(out) if owned else torch.zeros_like(out, dtype=torch.bool)
-    _diagnose_values(result, out, expected, unwritten, case, mistakes)
+        names = _input_names(len(inputs))
+        for name, view, clean in zip(names, inputs, self.case.inputs):
+            if not torch.equal(view, clean):
+                self.problem(
+                    f"input `{name}` was modified",
+                    "tl.store must write only to the output's pointer, never to an input's",
+                )
+        self._stray_writes(arena.buffers + input_buffers)
+        # an output the arena did not serve (say, x.clone()) cannot show unwritten elements
+        owned = arena.owner(out) is not None
+        unwritten = is_poison(out) if owned else torch.zeros_like(out, dtype=torch.bool)
+        self._unwritten(unwritten)
+        self._values(out, expected, unwritten)
 
+    def _output_is_usable(self, out, expected, input_buffers) -> bool:
+        if out is None:
+            self.problem(
+                "your function returned None",
+                "return the output tensor at the end of your launcher",
+            )
+        elif not isinstance(out, torch.Tensor):
+            self.problem(
+                f"your function returned a {type(out).__name__}, not a tensor",
+                "return the output tensor itself",
+            )
+        elif any(buf.owns(out) for buf in input_buffers):
+            name = _input_names(len(input_buffers))[
+                next(i for i, b in enumerate(input_buffers) if b.owns(out))
+            ]
+            self.problem(
+                f"the result is the input `{name}` itself",
+                "allocate a new output with torch.empty_like(x), store into it, and return it",
+            )
+        elif out.shape != expected.shape:
+            self.problem(
+                f"output shape {list(out.shape)}, expected {list(expected.shape)}",
+                f"allocate the output with shape {list(expected.shape)}",
+            )
+        elif out.device != expected.device:
+            self.problem(
+                f"output on {out.device}, expected {expected.device}",
+                "allocate the output on the inputs' device (device=x.device)",
+            )
+        elif out.dtype != expected.dtype:
+            self.problem(f"output dtype {out.dtype}, expected {expected.dtype}", self.hints.dtype)
+        else:
+            return True
+        return False
 
-def _diagnose_stray_writes(result, buffers: list[GuardedBuffer]):
-    before = after = 0
-    for buf in buffers:
-        b, a = buf.stray_writes()
-        before, after = before + b, after + a
-    if after:
-        result.problems.append(f"{after} elements past the end were written (out-of-bounds store)")
-        result.hint = (
-            "the last block runs past the end. Guard tl.store (and tl.load) with "
-            "mask = offsets < n_elements"
-        )
-    if before:
-        result.problems.append(f"{before} elements before the start were written")
-        result.hint = "some offsets are negative: check how you compute the offsets"
+    def _stray_writes(self, buffers: list[GuardedBuffer]) -> None:
+        before = after = 0
+        for buf in buffers:
+            b, a = buf.stray_writes()
+            before, after = before + b, after + a
+        if after:
+            self.problem(
+                f"{after} elements past the end were written (out-of-bounds store)",
+                self.hints.out_of_bounds,
+            )
+        if before:
+            self.problem(
+                f"{before} elements before the start were written", self.hints.before_start
+            )
 
-
-def _diagnose_values(result, out, expected, unwritten, case, mistakes):
-    tol = tolerance_for(expected.dtype)
-    got64, exp64 = out.double(), expected.double()
-    close = torch.isclose(got64, exp64, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
-    wrong = ~close & ~unwritten
-    n, n_unwritten, n_wrong = out.numel(), int(unwritten.sum()), int(wrong.sum())
-    flat = unwritten.reshape(-1)
-    if n_unwritten == n:
-        result.problems.append(f"0 of {n} elements written")
-        result.hint = result.hint or (
-            "did the kernel store its result? Check tl.store's pointer and the grid size"
-        )
-    elif n_unwritten:
-        first_unwritten = int(flat.nonzero()[0])
-        if bool(flat[first_unwritten:].all()):
-            result.problems.append(f"only the first {first_unwritten} of {n} elements written")
-            result.hint = result.hint or (
-                "the grid is too small: launch triton.cdiv(n_elements, BLOCK_SIZE) programs "
-                "so the last, partial block is covered too"
+    def _unwritten(self, unwritten: torch.Tensor) -> None:
+        n, count = unwritten.numel(), int(unwritten.sum())
+        if count == 0:
+            return
+        if count == n:
+            self.problem(f"0 of {n} elements written", self.hints.nothing_written)
+            return
+        if unwritten.dim() == 2 and self._unwritten_edges(unwritten):
+            return
+        flat = unwritten.reshape(-1)
+        first = int(flat.nonzero()[0])
+        if bool(flat[first:].all()):
+            self.problem(
+                f"only the first {first} of {n} elements written", self.hints.grid_too_small
             )
         else:
-            result.problems.append(f"{n_unwritten} of {n} elements never written")
-            result.hint = result.hint or (
-                "each program must cover its own block: "
-                "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)"
+            self.problem(f"{count} of {n} elements never written", self.hints.scattered)
+
+    def _unwritten_edges(self, unwritten: torch.Tensor) -> bool:
+        """Whole trailing rows and/or columns unwritten: a grid that stops short."""
+        n_rows, n_cols = unwritten.shape
+        rows, cols = unwritten.all(dim=1), unwritten.all(dim=0)
+        if not torch.equal(unwritten, rows[:, None] | cols[None, :]):
+            return False
+        first_row = int(rows.nonzero()[0]) if rows.any() else n_rows
+        first_col = int(cols.nonzero()[0]) if cols.any() else n_cols
+        if not (bool(rows[first_row:].all()) and bool(cols[first_col:].all())):
+            return False
+        if first_row < n_rows and first_col < n_cols:
+            self.problem(
+                f"rows {first_row}.. and columns {first_col}.. never written "
+                f"(of {n_rows} x {n_cols})",
+                self.hints.missing_edges,
             )
-    if n_wrong:
+        elif first_row < n_rows:
+            self.problem(
+                f"only the first {first_row} of {n_rows} rows written", self.hints.missing_rows
+            )
+        else:
+            self.problem(
+                f"only the first {first_col} of {n_cols} columns written in every row",
+                self.hints.missing_columns,
+            )
+        return True
+
+    def _tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        tol = tolerance_for(self.case.tolerance or dtype)
+        return tol.rtol, tol.atol * self.case.atol_scale
+
+    def _values(self, out, expected, unwritten) -> None:
+        rtol, atol = self._tolerance(expected.dtype)
+        got64, exp64 = out.double(), expected.double()
+        close = torch.isclose(got64, exp64, rtol=rtol, atol=atol, equal_nan=True)
+        wrong = ~close & ~unwritten
+        n_wrong = int(wrong.sum())
+        if not n_wrong:
+            return
         error = (got64 - exp64).abs().nan_to_num(float("inf")).masked_fill(~wrong, -1)
         worst = int(error.reshape(-1).argmax())
         index = [int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape)]
         got_v, exp_v = out.reshape(-1)[worst].item(), expected.reshape(-1)[worst].item()
-        result.problems.append(
-            f"{n_wrong} of {n} elements wrong; worst at {index}: got {got_v:.6g}, "
-            f"expected {exp_v:.6g} (rtol={tol.rtol:g}, atol={tol.atol:g})"
+        self.problem(
+            f"{n_wrong} of {out.numel()} elements wrong; worst at {index}: got {got_v:.6g}, "
+            f"expected {exp_v:.6g} (rtol={rtol:g}, atol={atol:.3g})"
         )
-        if result.hint is None:
-            result.hint = _match_mistake(out, wrong, case, mistakes) or (
-                "the values differ from the reference: check the operation your kernel applies"
+        written = ~unwritten & exp64.isfinite()
+        difference = (got64 - exp64)[written].nan_to_num(float("inf")).norm()
+        self.result.relative_error = float(difference / exp64[written].norm().clamp_min(1e-30))
+        if self.result.hint is None:
+            self.result.hint = self._explain_wrong(out, expected, wrong)
+
+    def _explain_wrong(self, out, expected, wrong) -> str:
+        rtol, atol = self._tolerance(out.dtype)
+        for mistake in self.mistakes:
+            try:
+                alternative = mistake.compute(*self.case.inputs).to(out.dtype)
+            except (RuntimeError, ValueError):
+                continue  # this mistake cannot be replayed on this case
+            if alternative.shape != out.shape:
+                continue
+            same = torch.isclose(
+                out.double(), alternative.double(), rtol=rtol, atol=atol, equal_nan=True
             )
-
-
-def _match_mistake(out, wrong, case, mistakes) -> str | None:
-    tol = tolerance_for(out.dtype)
-    for mistake in mistakes:
-        alternative = mistake.compute(*case.inputs).to(out.dtype)
-        same = torch.isclose(out.double(), alternative.double(), rtol=tol.rtol, atol=tol.atol)
-        if bool(same[wrong].all()):
-            return mistake.hint
-    if bool((out[wrong] == 0).all()):
-        return (
-            "the wrong elements are all 0: did you load with other=0 where you meant to "
-            "load real data, or store a zero-initialised value?"
-        )
-    return None
+            if bool(same[wrong].all()):
+                return mistake.hint
+        got, exp = out[wrong], expected[wrong]
+        if bool((~got.isfinite() & exp.isfinite()).any()):
+            return self.hints.read_past_end
+        if bool((got == 0).all()):
+            return self.hints.zeros
+        return self.hints.wrong_values

@@ -22,11 +22,20 @@ from torch.overrides import TorchFunctionMode
 from course_lib import runtime
 
 # Quiet NaNs with a payload no arithmetic produces, so "still poison" means "never written".
+# The guards around inputs hold another payload: on the CPU, x + NaN keeps the NaN's
+# payload, and a kernel that stores a sum of input-guard NaNs into an output's guard
+# must still show as a stray write there.
 _POISON_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
     torch.float64: (torch.int64, 0x7FF8_DEAD_BEEF_0BAD),
     torch.float32: (torch.int32, 0x7FDE_ADBE),
     torch.float16: (torch.int16, 0x7EAD),
     torch.bfloat16: (torch.int16, 0x7FED),
+}
+_INPUT_GUARD_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
+    torch.float64: (torch.int64, 0x7FF8_0BAD_F00D_CAFE),
+    torch.float32: (torch.int32, 0x7FCA_FE01),
+    torch.float16: (torch.int16, 0x7E01),
+    torch.bfloat16: (torch.int16, 0x7FC1),
 }
 _INT_POISON = -0x5EAD  # for integer tensors: an unlikely value, not a proof
 
@@ -34,10 +43,11 @@ GUARD_MIN = runtime.by_mode(gpu=1 << 16, interpreter=1 << 12)
 GUARD_MAX = 1 << 22
 
 
-def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill `t` with the poison pattern of its dtype, in place."""
-    if t.dtype in _POISON_BITS:
-        int_dtype, bits = _POISON_BITS[t.dtype]
+def poison_(t: torch.Tensor, input_guard: bool = False) -> torch.Tensor:
+    """Fill `t` with the poison pattern of its dtype (or the input guards'), in place."""
+    table = _INPUT_GUARD_BITS if input_guard else _POISON_BITS
+    if t.dtype in table:
+        int_dtype, bits = table[t.dtype]
         t.view(int_dtype).fill_(bits)
     elif t.dtype == torch.bool:
         t.fill_(True)
@@ -46,10 +56,11 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def is_poison(t: torch.Tensor) -> torch.Tensor:
-    """Boolean mask of the elements of `t` that still hold the poison."""
-    if t.dtype in _POISON_BITS:
-        int_dtype, bits = _POISON_BITS[t.dtype]
+def is_poison(t: torch.Tensor, input_guard: bool = False) -> torch.Tensor:
+    """Boolean mask of the elements of `t` that still hold the poison (or the input guards')."""
+    table = _INPUT_GUARD_BITS if input_guard else _POISON_BITS
+    if t.dtype in table:
+        int_dtype, bits = table[t.dtype]
         return t.view(int_dtype) == bits
     if t.dtype == torch.bool:
         return torch.zeros_like(t, dtype=torch.bool)
@@ -71,6 +82,7 @@ class GuardedBuffer:
     buffer: torch.Tensor  # 1-D, [guard | span | guard]
     offset: int  # where the tensor's storage starts, in elements
     span: int
+    input_guard: bool = False  # guards hold the input guards' poison
 
     def owns(self, t: torch.Tensor) -> bool:
         return (
@@ -82,7 +94,8 @@ class GuardedBuffer:
         """(before the start, past the end): guard elements that lost their poison."""
         before = self.buffer[: self.offset]
         after = self.buffer[self.offset + self.span :]
-        return int((~is_poison(before)).sum()), int((~is_poison(after)).sum())
+        mark = self.input_guard
+        return int((~is_poison(before, mark)).sum()), int((~is_poison(after, mark)).sum())
 
     def byte_ranges(self) -> list[tuple[int, int, str]]:
         """Address ranges of the two guards, for the interpreter's read watch."""
@@ -94,19 +107,32 @@ class GuardedBuffer:
         ]
 
 
-def guarded_empty(shape, stride, dtype, device, label: str) -> tuple[torch.Tensor, GuardedBuffer]:
+def guarded_empty(
+    shape, stride, dtype, device, label: str, input_guard: bool = False
+) -> tuple[torch.Tensor, GuardedBuffer]:
     """A poisoned tensor of the given layout inside a poisoned, guarded buffer."""
     span = _span(shape, stride)
     guard = min(max(span, GUARD_MIN), GUARD_MAX)
-    buffer = poison_(torch.empty(guard + span + guard, dtype=dtype, device=device))
+    buffer = torch.empty(guard + span + guard, dtype=dtype, device=device)
+    poison_(buffer, input_guard)
     view = buffer.as_strided(shape, stride, guard)
-    return view, GuardedBuffer(label, buffer, guard, span)
+    return view, GuardedBuffer(label, buffer, guard, span, input_guard)
 
 
 def guarded_copy(values: torch.Tensor, label: str) -> tuple[torch.Tensor, GuardedBuffer]:
-    """`values` copied into a guarded buffer, keeping its layout (strides) when dense."""
-    view, guarded = guarded_empty(values.shape, values.stride(), values.dtype, values.device, label)
-    view.copy_(values)
+    """`values` copied into a guarded buffer with the same strides.
+
+    The whole stretch of memory the view spans is copied, gaps between its elements
+    included (a slice with steps, a row stride wider than the row), so a kernel
+    that walks that memory with the wrong strides reads what it would have read
+    in the original and computes the same wrong answer the checker can name.
+    """
+    view, guarded = guarded_empty(
+        values.shape, values.stride(), values.dtype, values.device, label, input_guard=True
+    )
+    if guarded.span:
+        spanned = values.as_strided((guarded.span,), (1,), values.storage_offset())
+        guarded.buffer[guarded.offset : guarded.offset + guarded.span].copy_(spanned)
     return view, guarded
 
 

@@ -16,7 +16,7 @@ class Tolerance(NamedTuple):
     why: str
 
 
-TOLERANCES: dict[torch.dtype, Tolerance] = {
+TOLERANCES: dict[torch.dtype | str, Tolerance] = {
     torch.float64: Tolerance(1e-12, 1e-12, "53-bit mantissa; the order of operations may differ"),
     torch.float32: Tolerance(
         1e-5, 1e-6, "24-bit mantissa (a rounding is 6e-8); room for reordered sums"
@@ -25,10 +25,12 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.bfloat16: Tolerance(
         1.6e-2, 1e-5, "8-bit mantissa: one rounding is up to 3.9e-3 relative"
     ),
+    # a float32 tl.dot on a GPU runs on tensor cores as TF32 unless told otherwise
+    "tf32": Tolerance(1e-2, 1e-3, "TF32 keeps 10 mantissa bits of each input: 4.9e-4 per product"),
 }
 
 
-def tolerance_for(dtype: torch.dtype) -> Tolerance:
+def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
     try:
         return TOLERANCES[dtype]
     except KeyError:

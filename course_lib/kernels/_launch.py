@@ -7,14 +7,14 @@ import torch
 from course_lib import runtime
 
 
-def check_same(name: str, *tensors: torch.Tensor) -> None:
-    """Raise a clear error unless all tensors share shape, dtype and device."""
+def check_same(name: str, *tensors: torch.Tensor, same_shape: bool = True) -> None:
+    """Raise a clear error unless all tensors share dtype, device and (by default) shape."""
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} expects torch.Tensor arguments, got {type(t).__name__}")
     first = tensors[0]
     for t in tensors[1:]:
-        if t.shape != first.shape:
+        if same_shape and t.shape != first.shape:
             raise ValueError(
                 f"{name}: shapes differ, {list(first.shape)} vs {list(t.shape)}. "
                 "Broadcasting is not supported: expand and call .contiguous() first."
