@@ -225,6 +225,44 @@ def build_all(
     return changed
 
 
+def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str]:
+    """Copy the outputs of GPU-only cells from executed copies into the solutions.
+
+    Solution notebooks keep the outputs a reader benefits from, the plots and tables
+    of a real GPU run, and no others. A cell qualifies when it calls gpu_only(...)
+    and its source is unchanged in the executed copy; stderr (progress bars,
+    warnings) and widget outputs are dropped.
+    """
+    updated = []
+    for executed_path in sorted(executed_dir.glob("*.ipynb")):
+        target = src_dir / executed_path.name
+        if not target.exists():
+            continue
+        solution = nbformat.read(target, as_version=4)
+        executed = nbformat.read(executed_path, as_version=4)
+        by_source = {c.source: c for c in executed.cells if c.cell_type == "code"}
+        changed = False
+        for cell in solution.cells:
+            ran = by_source.get(cell.source)
+            if cell.cell_type != "code" or "gpu_only(" not in cell.source or ran is None:
+                continue
+            outputs = [
+                o
+                for o in ran.outputs
+                if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+                and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})
+            ]
+            if outputs != cell.outputs:
+                cell.outputs, cell.execution_count, changed = outputs, None, True
+                for output in cell.outputs:
+                    if "execution_count" in output:
+                        output["execution_count"] = None
+        if changed:
+            nbformat.write(solution, target)
+            updated.append(target.name)
+    return updated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.builder",
@@ -233,7 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="only report stale notebooks")
     parser.add_argument("--force", action="store_true", help="replace edited notebooks too")
+    parser.add_argument(
+        "--adopt-gpu-outputs", type=Path, metavar="DIR",
+        help="first copy the GPU-only cells' outputs from executed notebooks in DIR",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.adopt_gpu_outputs:
+        for name in adopt_gpu_outputs(args.adopt_gpu_outputs):
+            print(f"adopted GPU outputs into solutions/{name}")
     try:
         changed = build_all(check=args.check, force=args.force)
     except BuildError as error:

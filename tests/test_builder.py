@@ -127,3 +127,24 @@ def test_answer_lines_lists_what_must_not_leak():
         "x = tl.load(x_ptr + tl.arange(0, BLOCK_SIZE))",
         "k[(1,)](x, BLOCK_SIZE=16)",
     ]
+
+
+def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
+    src = tmp_path / "solutions"
+    src.mkdir()
+    timing = 'if course_lib.gpu_only("Timing"):\n    print(1)'
+    solved = new_notebook(cells=[new_code_cell("x = 1"), new_code_cell(timing)])
+    nbformat.write(solved, src / "01_k.ipynb")
+    executed_dir = tmp_path / "executed"
+    executed_dir.mkdir()
+    ran = new_notebook(cells=[
+        new_code_cell("x = 1", outputs=[new_output("stream", name="stdout", text="noise")]),
+        new_code_cell(timing, outputs=[new_output("stream", name="stdout", text="1.23 ms"),
+                                       new_output("stream", name="stderr", text="tqdm 50%")]),
+    ])  # fmt: skip
+    nbformat.write(ran, executed_dir / "01_k.ipynb")
+    assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == ["01_k.ipynb"]
+    result = nbformat.read(src / "01_k.ipynb", as_version=4)
+    assert result.cells[0].outputs == []
+    assert [o["text"] for o in result.cells[1].outputs] == ["1.23 ms"]
+    assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == []
