@@ -99,3 +99,68 @@ def _set_ticks(axis: Axis, extent: int, block: int, size: int) -> None:
     for tick, label in zip(ticks, axis.get_ticklabels()):
         if tick == size and size % block:
             label.set_color(BOUNDARY_COLOR)
+
+
+def plot_program_order(
+    M_tiles: int, N_tiles: int, GROUP_M: int | None = None, ax: Axes | None = None
+) -> Axes:
+    """Draw the order in which a 1-D grid of programs visits the [M_tiles, N_tiles] tiles of C.
+
+    Program `pid` computes tile (pid_m, pid_n). With GROUP_M None the order is row-major,
+    pid_m, pid_n = divmod(pid, N_tiles). Otherwise it is grouped, as in
+    course_lib/kernels/matmul.py: bands of GROUP_M tile rows (the last band may be
+    shorter), each walked column by column, top to bottom within a column. Each tile is a
+    unit square whose patch label is its pid (also written in it, when there are at most
+    MAX_TEXT_LABELS tiles), shaded from light to dark in visit order; in grouped order the
+    bands are outlined (gid "group"). Rows run down, columns across. Returns the Axes.
+    """
+    for name, value in (("M_tiles", M_tiles), ("N_tiles", N_tiles), ("GROUP_M", GROUP_M)):
+        if name == "GROUP_M" and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"plot_program_order: {name} must be a positive int, got {value!r}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 6 * min(max(M_tiles / N_tiles, 0.25), 1.5)))
+    n_programs = M_tiles * N_tiles
+    cmap = plt.get_cmap("YlGnBu")  # light for the first programs, dark for the last
+
+    for pid in range(n_programs):
+        if GROUP_M is None:
+            pid_m, pid_n = divmod(pid, N_tiles)
+        else:
+            group, within = divmod(pid, GROUP_M * N_tiles)
+            first_m = group * GROUP_M
+            rows_in_group = min(M_tiles - first_m, GROUP_M)  # the last band may be shorter
+            pid_m, pid_n = first_m + within % rows_in_group, within // rows_in_group
+        shade = 0.1 + 0.75 * pid / max(n_programs - 1, 1)
+        tile = Rectangle(
+            (pid_n, pid_m), 1, 1, facecolor=cmap(shade), edgecolor="white", linewidth=1,
+            label=str(pid), gid="tile",
+        )  # fmt: skip
+        ax.add_patch(tile)
+        if n_programs <= MAX_TEXT_LABELS:
+            color = "white" if shade > 0.55 else "black"
+            ax.text(pid_n + 0.5, pid_m + 0.5, str(pid), ha="center", va="center",
+                    fontsize=8, color=color)  # fmt: skip
+
+    if GROUP_M is not None:
+        for first_m in range(0, M_tiles, GROUP_M):
+            band = Rectangle(
+                (0, first_m), N_tiles, min(GROUP_M, M_tiles - first_m), fill=False,
+                edgecolor=BOUNDARY_COLOR, linewidth=2.5, gid="group",
+            )  # fmt: skip
+            ax.add_patch(band)
+
+    ax.set_xlim(0, N_tiles)
+    ax.set_ylim(M_tiles, 0)  # tile row 0 at the top
+    ax.set_aspect("equal")
+    ax.set_xticks([n + 0.5 for n in range(N_tiles)], [str(n) for n in range(N_tiles)])
+    ax.set_yticks([m + 0.5 for m in range(M_tiles)], [str(m) for m in range(M_tiles)])
+    ax.tick_params(length=0, labelsize=8)
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("pid_n (column of tiles)")
+    ax.set_ylabel("pid_m (row of tiles)")
+    order = "row-major order" if GROUP_M is None else f"grouped order, GROUP_M = {GROUP_M}"
+    ax.set_title(f"{M_tiles} x {N_tiles} tiles, {order}", pad=28)
+    return ax

@@ -90,3 +90,78 @@ def test_saves_to_png(tmp_path):
 def test_rejects_sizes_that_are_not_positive_ints(bad):
     with pytest.raises(ValueError, match="positive int"):
         plot_tile_map(10, 10, bad, 4)
+
+
+# --- plot_program_order: the order in which programs visit the tiles of C (lesson 05)
+
+from course_lib.figures import plot_program_order  # noqa: E402
+
+
+def _visit_order(ax: Axes) -> list[list[int]]:
+    """The pid drawn on each tile, as rows of tiles."""
+    tiles = [p for p in ax.patches if p.get_gid() == "tile"]
+    n_rows = max(int(t.get_y()) for t in tiles) + 1
+    n_cols = max(int(t.get_x()) for t in tiles) + 1
+    order = [[-1] * n_cols for _ in range(n_rows)]
+    for t in tiles:
+        assert (t.get_width(), t.get_height()) == (1, 1)
+        order[int(t.get_y())][int(t.get_x())] = int(t.get_label())
+    return order
+
+
+def test_program_order_row_major():
+    assert _visit_order(plot_program_order(3, 4)) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+    ]
+
+
+def test_program_order_grouped_with_a_short_last_group():
+    # bands of 2 tile rows, walked down each column; the fifth row is a band of its own
+    assert _visit_order(plot_program_order(5, 3, GROUP_M=2)) == [
+        [0, 2, 4],
+        [1, 3, 5],
+        [6, 8, 10],
+        [7, 9, 11],
+        [12, 13, 14],
+    ]
+
+
+def test_program_order_one_row_per_group_is_row_major():
+    assert _visit_order(plot_program_order(4, 5, GROUP_M=1)) == _visit_order(
+        plot_program_order(4, 5)
+    )
+
+
+def test_program_order_one_group_taller_than_the_matrix_is_column_major():
+    assert _visit_order(plot_program_order(3, 2, GROUP_M=8)) == [[0, 3], [1, 4], [2, 5]]
+
+
+@pytest.mark.parametrize("M_tiles, N_tiles, GROUP_M", [(7, 9, 3), (16, 16, 8), (1, 5, 4)])
+def test_program_order_visits_every_tile_once(M_tiles, N_tiles, GROUP_M):
+    order = _visit_order(plot_program_order(M_tiles, N_tiles, GROUP_M=GROUP_M))
+    assert sorted(pid for row in order for pid in row) == list(range(M_tiles * N_tiles))
+
+
+def test_program_order_outlines_the_groups():
+    ax = plot_program_order(5, 3, GROUP_M=2)
+    bands = [p for p in ax.patches if p.get_gid() == "group"]
+    assert [(b.get_y(), b.get_height()) for b in bands] == [(0, 2), (2, 2), (4, 1)]
+    assert not [p for p in plot_program_order(5, 3).patches if p.get_gid() == "group"]
+
+
+def test_program_order_writes_the_pids_on_small_maps():
+    ax = plot_program_order(3, 4, GROUP_M=2)
+    assert sorted(int(t.get_text()) for t in ax.texts) == list(range(12))
+
+
+def test_program_order_draws_into_a_given_axes():
+    _, ax = plt.subplots()
+    assert plot_program_order(2, 2, ax=ax) is ax
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5])
+def test_program_order_rejects_sizes_that_are_not_positive_ints(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        plot_program_order(4, 4, GROUP_M=bad)

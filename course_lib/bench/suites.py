@@ -19,22 +19,21 @@ SOFTMAX_SHAPES = [(4096, 781), (4096, 1024), (8192, 4096), (4096, 16384), (1823,
 MATMUL_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (1000, 3000, 777)]
 
 
-def vector_add_suite(ceiling_gbps: float) -> list[Sweep]:
-    return [
-        bandwidth_sweep(
-            "add", vector_add.add, references.vector_add, n_inputs=2,
-            bytes_moved=references.vector_add_bytes, sizes=SIZES, ceiling_gbps=ceiling_gbps,
-        )
-    ]  # fmt: skip
+def _elementwise_suite(name, kernel, reference, n_inputs, bytes_moved):
+    def suite(ceiling_gbps: float) -> list[Sweep]:
+        sweep = bandwidth_sweep(
+            name, kernel, reference, n_inputs=n_inputs, bytes_moved=bytes_moved, sizes=SIZES,
+            ceiling_gbps=ceiling_gbps,
+        )  # fmt: skip
+        return [sweep]
+
+    return suite
 
 
-def relu_suite(ceiling_gbps: float) -> list[Sweep]:
-    return [
-        bandwidth_sweep(
-            "relu", relu.relu, references.relu, n_inputs=1,
-            bytes_moved=references.relu_bytes, sizes=SIZES, ceiling_gbps=ceiling_gbps,
-        )
-    ]  # fmt: skip
+vector_add_suite = _elementwise_suite(
+    "add", vector_add.add, references.vector_add, 2, references.vector_add_bytes
+)
+relu_suite = _elementwise_suite("relu", relu.relu, references.relu, 1, references.relu_bytes)
 
 
 def add_2d_suite(ceiling_gbps: float) -> list[Sweep]:
