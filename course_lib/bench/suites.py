@@ -48,7 +48,7 @@ def add_2d_suite(ceiling_gbps: float) -> list[Sweep]:
         sweeps.append(
             bandwidth_sweep(
                 f"add_2d ({layout} inputs)", add_2d.add_2d, lambda x, y: x + y,
-                bytes_moved=lambda numel, dtype: references.add_2d_bytes(numel, 1, dtype),
+                bytes_moved=lambda shape, dtype: references.add_2d_bytes(*shape, dtype),
                 sizes=[(1024, 1024), (4096, 4096), (8192, 8192)],
                 ceiling_gbps=ceiling_gbps, make_inputs=make_inputs,
             )
@@ -62,7 +62,7 @@ def softmax_suite(ceiling_gbps: float) -> list[Sweep]:
     return [
         bandwidth_sweep(
             "softmax", softmax.softmax, references.softmax, n_inputs=1,
-            bytes_moved=lambda numel, dtype: references.softmax_bytes(numel, 1, dtype),
+            bytes_moved=lambda shape, dtype: references.softmax_bytes(*shape, dtype),
             sizes=SOFTMAX_SHAPES, ceiling_gbps=ceiling_gbps,
             others={"torch.compile": compiled},
         )

@@ -119,7 +119,7 @@ def bandwidth_sweep(
     reference: Callable[..., torch.Tensor],
     *,
     n_inputs: int = 1,
-    bytes_moved: Callable[[int, torch.dtype], int],
+    bytes_moved: Callable[[Point, torch.dtype], int],
     sizes: Sequence[Point] = tuple(1 << p for p in range(12, 29, 2)),
     dtype: torch.dtype = torch.float32,
     ceiling_gbps: float | None = None,
@@ -130,7 +130,7 @@ def bandwidth_sweep(
     """GB/s of `kernel` and `reference` (PyTorch) over sizes or shapes.
 
     Inputs are `n_inputs` random tensors of each size (an int, or a shape), or
-    whatever `make_inputs(size)` returns. `bytes_moved(numel, dtype)` counts the
+    whatever `make_inputs(size)` returns. `bytes_moved(size, dtype)` counts the
     bytes one call must move. `others` adds baselines, such as a torch.compile'd
     version. The ceiling is the device's copy bandwidth, measured now unless given.
     """
@@ -142,8 +142,7 @@ def bandwidth_sweep(
         return [torch.randn(shape, device=runtime.DEVICE, dtype=dtype) for _ in range(n_inputs)]
 
     def throughput(size: Point, ms: float) -> float:
-        numel = math.prod(size) if isinstance(size, tuple) else size
-        return gb_per_s(bytes_moved(numel, dtype), ms)
+        return gb_per_s(bytes_moved(size, dtype), ms)
 
     ceiling = copy_bandwidth() if ceiling_gbps is None else ceiling_gbps
     sweep = Sweep(name, dtype, ceiling)
@@ -200,7 +199,7 @@ def plot_sweep(sweep: Sweep, ax=None, path: str | None = None):
     numeric = all(isinstance(p, int) for p in sweep.points)
     x = sweep.points if numeric else list(range(len(sweep.points)))
     ax.plot(x, sweep.kernel, "o-", label=f"Triton {sweep.name}")
-    for (name, values), style in zip(sweep.baselines.items(), ["s--", "^-.", "v:"]):
+    for (name, values), style in zip(sweep.baselines.items(), ["s--", "^-.", "v:", "D--", "x-."]):
         ax.plot(x, values, style, label="PyTorch" if name == "torch" else name)
     ax.axhline(sweep.ceiling, color="gray", linestyle=":", label=f"{sweep.ceiling_name} (ceiling)")
     if numeric:
