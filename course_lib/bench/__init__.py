@@ -5,14 +5,16 @@ Everything here times on a GPU only; in the interpreter, guard calls with
 ``./course bench``) runs every finished kernel's benchmark and writes a report.
 """
 
-from course_lib.bench.sweep import Sweep, bandwidth_sweep, plot_sweep
+from course_lib.bench.sweep import Sweep, bandwidth_sweep, flops_sweep, matmul_peak, plot_sweep
 from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms, tflop_per_s
 
 __all__ = [
     "Sweep",
     "bandwidth_sweep",
     "copy_bandwidth",
+    "flops_sweep",
     "gb_per_s",
+    "matmul_peak",
     "median_ms",
     "plot_sweep",
     "tflop_per_s",
