@@ -8,9 +8,12 @@ import torch
 from course_lib import runtime
 
 
-def _run(code: str, **env) -> str:
+def _run(code: str, tmp_path, **env) -> str:
+    # from a file: @triton.jit reads the kernel's source, which `python -c` has none of
+    script = tmp_path / "script.py"
+    script.write_text(code)
     result = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, str(script)],
         capture_output=True,
         text=True,
         check=True,
@@ -24,7 +27,7 @@ def test_mode_matches_the_machine():
     assert runtime.DEVICE.type == ("cuda" if runtime.MODE == "gpu" else "cpu")
 
 
-def test_learners_kernels_are_interpreted_without_a_gpu():
+def test_learners_kernels_are_interpreted_without_a_gpu(tmp_path):
     # the learner defines a kernel after importing course_lib, as the first cell does
     code = (
         "import course_lib, triton\n"
@@ -34,15 +37,15 @@ def test_learners_kernels_are_interpreted_without_a_gpu():
     )
     env = {"TRITON_INTERPRET": ""}
     expected = "gpu JITFunction" if torch.cuda.is_available() else "interpreter InterpretedFunction"
-    assert _run(code, **env) == expected
+    assert _run(code, tmp_path, **env) == expected
 
 
-def test_triton_interpret_forces_the_interpreter():
+def test_triton_interpret_forces_the_interpreter(tmp_path):
     code = (
         "import course_lib, os\n"
         "print(course_lib.MODE, course_lib.DEVICE, os.environ['TRITON_INTERPRET'])"
     )
-    assert _run(code, TRITON_INTERPRET="1") == "interpreter cpu 1"
+    assert _run(code, tmp_path, TRITON_INTERPRET="1") == "interpreter cpu 1"
 
 
 def test_late_import_warns():

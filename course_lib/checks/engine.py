@@ -230,6 +230,15 @@ def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -
         result.problems.append(f"out-of-bounds access stopped: {oob}")
         result.hint = hints.out_of_bounds
         return
+    if "illegal memory access" in str(error):
+        result.problems.append("the GPU stopped your kernel: an illegal memory access")
+        result.hint = (
+            "your kernel reached memory far outside its tensors (a wrong stride or offset), "
+            "and the CUDA context is now unusable: restart the Jupyter kernel, then debug "
+            "with TRITON_INTERPRET=1 set before importing course_lib, where the same "
+            "mistake stops with an error naming the argument"
+        )
+        return
     message = str(error).strip().splitlines()
     first = message[-1] if message else ""
     result.problems.append(f"your function raised {type(error).__name__}: {first}"[:400])

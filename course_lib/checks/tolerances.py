@@ -26,7 +26,9 @@ TOLERANCES: dict[torch.dtype | str, Tolerance] = {
         1.6e-2, 1e-5, "8-bit mantissa: one rounding is up to 3.9e-3 relative"
     ),
     # a float32 tl.dot on a GPU runs on tensor cores as TF32 unless told otherwise
-    "tf32": Tolerance(1e-2, 1e-3, "TF32 keeps 10 mantissa bits of each input: 4.9e-4 per product"),
+    "tf32": Tolerance(
+        1e-2, 3e-3, "TF32 keeps 10 mantissa bits of each input: about 1e-3 per product"
+    ),
 }
 
 
