@@ -99,7 +99,12 @@ def run_sweep(
     sweep.baselines = {name: [] for name in baselines}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
-        torch.testing.assert_close(kernel(*inputs), reference(*inputs), rtol=2e-2, atol=2e-2)
+        # a timing of a wrong kernel is worthless: compare once, by relative norm, which
+        # is blind to rounding (fp16 results of a long dot product differ by an ulp or two)
+        got, want = kernel(*inputs).double(), reference(*inputs).double()
+        error = float((got - want).norm() / want.norm())
+        if not error < 1e-2:
+            raise AssertionError(f"{sweep.name} at {label(point)}: relative error {error:.1e}")
         fns = {"kernel": kernel, **baselines}
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(rounds):
