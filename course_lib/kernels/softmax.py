@@ -22,7 +22,7 @@ CHUNK = 8192  # columns per program for wider rows
 def _config(block_n: int) -> tuple[int, int]:
     """(rows per program, num_warps) for a row block of `block_n` columns.
 
-    Measured on an H200 over rows of 781 to 16384 columns: short rows go four to a
+    Measured on a Hopper GPU over rows of 781 to 16384 columns: short rows go four to a
     program so that each program has enough loads in flight; rows of 4096 and more
     take one program each, with 16 warps to hold them in registers.
     """
