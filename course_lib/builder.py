@@ -252,11 +252,9 @@ def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str
                 if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
                 and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})
             ]
-            if outputs != cell.outputs:
-                cell.outputs, cell.execution_count, changed = outputs, None, True
-                for output in cell.outputs:
-                    if "execution_count" in output:
-                        output["execution_count"] = None
+            if (outputs, ran.execution_count) != (cell.outputs, cell.execution_count):
+                # nbval refuses a cell with outputs and no execution count ("unrun")
+                cell.outputs, cell.execution_count, changed = outputs, ran.execution_count, True
         if changed:
             nbformat.write(solution, target)
             updated.append(target.name)

@@ -139,7 +139,8 @@ def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
     executed_dir.mkdir()
     ran = new_notebook(cells=[
         new_code_cell("x = 1", outputs=[new_output("stream", name="stdout", text="noise")]),
-        new_code_cell(timing, outputs=[new_output("stream", name="stdout", text="1.23 ms"),
+        new_code_cell(timing, execution_count=2,
+                      outputs=[new_output("stream", name="stdout", text="1.23 ms"),
                                        new_output("stream", name="stderr", text="tqdm 50%")]),
     ])  # fmt: skip
     nbformat.write(ran, executed_dir / "01_k.ipynb")
@@ -147,4 +148,5 @@ def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
     result = nbformat.read(src / "01_k.ipynb", as_version=4)
     assert result.cells[0].outputs == []
     assert [o["text"] for o in result.cells[1].outputs] == ["1.23 ms"]
+    assert result.cells[1].execution_count == 2  # nbval wants a count where there are outputs
     assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == []
