@@ -4,15 +4,21 @@ Import it first in every notebook: it decides between GPU and interpreter before
 Triton is imported (see runtime.py).
 """
 
-from course_lib import runtime  # noqa: I001  (must come first: it sets TRITON_INTERPRET)
-from course_lib.runtime import DEVICE, MODE, by_mode, gpu_only, show_environment
+import sys
 
+from course_lib import runtime  # noqa: I001  (must come first: it sets TRITON_INTERPRET)
 from course_lib.interpreter_guard import OutOfBoundsAccess  # noqa: E402
+from course_lib.runtime import DEVICE, MODE, by_mode, gpu_only, show_environment
 
 if runtime.INTERPRETED:
     from course_lib import interpreter_guard
 
-    interpreter_guard.install()
+    if not interpreter_guard.install():
+        print(
+            "course_lib: this Triton's interpreter is not the kind course_lib can guard; "
+            "out-of-bounds loads and stores are not stopped before they happen.",
+            file=sys.stderr,
+        )
 
 from course_lib.checks import (  # noqa: E402
     CheckFailed,

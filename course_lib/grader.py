@@ -11,6 +11,7 @@ an edited check cell earns nothing. Submissions are read, never written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import sys
 from dataclasses import dataclass
@@ -69,8 +70,10 @@ def grade(path: Path, timeout: int = 900, shipped_dir: Path = NOTEBOOKS) -> list
             f"{path}: no course notebook named {shipped_path.name}; keep the lesson's file name"
         )
     shipped = _graded_cells(nbformat.read(shipped_path, as_version=4))
+    # a cell that runs past the timeout is interrupted, and the notebook goes on
     client = NotebookClient(
         submission,
+        interrupt_on_timeout=True,
         timeout=timeout,
         allow_errors=True,
         kernel_name="python3",
@@ -109,23 +112,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.csv} exists; choose another name", file=sys.stderr)
         return 2
 
-    rows = []
-    for path in tqdm(args.submissions, desc="grading", unit="notebook"):
-        try:
-            cells = grade(path, args.timeout)
-        except (FileNotFoundError, nbformat.ValidationError, ValueError) as error:
-            print(f"{path}: not graded: {error}", file=sys.stderr)
-            continue
-        earned, total = sum(c.earned for c in cells), sum(c.points for c in cells)
-        print(f"{path}: {earned:g} / {total:g}")
-        for c in cells:
-            print(f"  {c.grade_id:<24} {c.earned:g}/{c.points:g}  {c.reason}")
-            rows.append([str(path), c.grade_id, c.earned, c.points, c.reason])
-    if args.csv:
-        with args.csv.open("w", newline="") as f:
-            writer = csv.writer(f)
+    with contextlib.ExitStack() as stack:
+        writer = None
+        if args.csv:
+            # rows are written as each submission finishes, so an interrupted run keeps them
+            writer = csv.writer(stack.enter_context(args.csv.open("w", newline="")))
             writer.writerow(["submission", "grade_id", "earned", "points", "reason"])
-            writer.writerows(rows)
+        for path in tqdm(args.submissions, desc="grading", unit="notebook"):
+            try:
+                cells = grade(path, args.timeout)
+            except Exception as error:  # noqa: BLE001  (one broken submission must not stop the rest)
+                reason = f"not graded: {type(error).__name__}: {error}".splitlines()[0]
+                print(f"{path}: {reason}", file=sys.stderr)
+                if writer:
+                    writer.writerow([str(path), "", 0, "", reason])
+                continue
+            earned, total = sum(c.earned for c in cells), sum(c.points for c in cells)
+            print(f"{path}: {earned:g} / {total:g}")
+            for c in cells:
+                print(f"  {c.grade_id:<24} {c.earned:g}/{c.points:g}  {c.reason}")
+                if writer:
+                    writer.writerow([str(path), c.grade_id, c.earned, c.points, c.reason])
     return 0
 
 

@@ -29,9 +29,10 @@ class OutOfBoundsAccess(IndexError):
 @dataclass(frozen=True)
 class _Extent:
     name: str
-    start: int  # first byte of the argument's storage
-    end: int  # one past its last byte
-    itemsize: int
+    start: int  # first byte of the argument's storage: accesses from here on are allowed
+    end: int  # one past the storage's last byte
+    tensor_start: int  # the tensor's own first byte, to say how far off an access is
+    tensor_end: int  # one past the byte of its last element
     numel: int
 
 
@@ -72,10 +73,11 @@ def _collect(name: str, arg, out: list[_Extent]) -> None:
     if not isinstance(tensor, torch.Tensor):
         return
     storage = tensor.untyped_storage()
-    start = storage.data_ptr()
-    out.append(
-        _Extent(name, start, start + storage.nbytes(), tensor.element_size(), tensor.numel())
-    )
+    start, size = storage.data_ptr(), tensor.element_size()
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
+    first = tensor.data_ptr()
+    last = first + (span * size if tensor.numel() else 0)
+    out.append(_Extent(name, start, start + storage.nbytes(), first, last, tensor.numel()))
 
 
 def _describe(kind: str, addresses: np.ndarray, itemsize: int, extents: tuple[_Extent, ...]):
@@ -84,12 +86,12 @@ def _describe(kind: str, addresses: np.ndarray, itemsize: int, extents: tuple[_E
     first, last = int(bad.min()), int(bad.max())
     nearest = min(extents, key=lambda e: min(abs(first - e.end), abs(last - e.start)))
     if first >= nearest.end:
-        where = (
-            f"{(first - nearest.end) // itemsize + 1}–{(last - nearest.end) // itemsize + 1} "
-            f"elements past the end of `{nearest.name}` ({nearest.numel} elements)"
-        )
+        # distances from the tensor's last element, not from the end of its storage
+        low = (first - nearest.tensor_end) // itemsize + 1
+        high = (last - nearest.tensor_end) // itemsize + 1
+        where = f"{low}–{high} elements past the end of `{nearest.name}` ({nearest.numel} elements)"
     else:
-        before = (nearest.start - first) // itemsize
+        before = (nearest.tensor_start - first) // itemsize
         where = f"up to {before} elements before the start of `{nearest.name}`"
     from triton.runtime.interpreter import interpreter_builder
 

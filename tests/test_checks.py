@@ -284,3 +284,21 @@ def test_vector_add_sizes_cover_the_awkward_cases():
 def test_swapped_matmul_strides_are_not_blamed_on_the_k_mask():
     report = _failure(course_lib.check_matmul, broken.matmul_swapped_a_strides)
     assert "Mask the K dimension" not in report
+
+
+def test_pytorch_without_a_kernel_does_not_pass():
+    report = _failure(course_lib.check_vector_add, lambda x, y: x + y)
+    assert "your function launched no Triton kernel" in report and "not from a kernel" in report
+
+
+def test_a_foreign_not_implemented_error_is_a_finding_not_a_stub():
+    def launcher(x, y):
+        raise NotImplementedError("Could not run 'aten::foo'")
+
+    report = _failure(course_lib.check_vector_add, launcher)
+    assert "raised NotImplementedError: Could not run 'aten::foo'" in report
+
+
+def test_integer_tensors_can_be_poisoned():
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
+        assert bool(is_poison(poison_(torch.empty(4, dtype=dtype))).all())

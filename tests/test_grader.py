@@ -81,3 +81,20 @@ def test_csv_is_never_overwritten(tmp_path, capsys):
     assert grader.main([str(tmp_path / "a.ipynb"), "--csv", str(existing)]) == 2
     assert existing.read_text() == "mine"
     assert "exists" in capsys.readouterr().err
+
+
+def test_a_broken_submission_does_not_stop_the_batch(tmp_path, capsys, monkeypatch):
+    good = tmp_path / "01_f.ipynb"
+    nbformat.write(_notebook("def f():\n    return 1"), good)
+    bad = tmp_path / "02_missing.ipynb"
+    nbformat.write(_notebook("x = 1"), bad)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    nbformat.write(_notebook("def f():\n    raise NotImplementedError"), shipped / "01_f.ipynb")
+    monkeypatch.setattr(grader, "NOTEBOOKS", shipped)
+    monkeypatch.setattr(grader.grade, "__defaults__", (60, shipped))
+    out_csv = tmp_path / "grades.csv"
+    assert grader.main([str(bad), str(good), "--csv", str(out_csv)]) == 0
+    rows = out_csv.read_text().splitlines()
+    assert rows[1].startswith(f"{bad},,0,,not graded: FileNotFoundError")
+    assert rows[2] == f"{good},check-f,2.0,2.0,passed"

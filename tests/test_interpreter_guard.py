@@ -41,8 +41,12 @@ def test_masked_kernel_runs_untouched():
 
 def test_unmasked_store_is_stopped_before_it_writes():
     x = torch.randn(1000)
+    out = torch.full((1000,), 7.0)
     with pytest.raises(interpreter_guard.OutOfBoundsAccess) as info:
-        _copy(x, mask_store=False)
+        copy_kernel[(16,)](x, out, 1000, BLOCK_SIZE=64, MASK_LOAD=True, MASK_STORE=False)
+    # programs 0-14 stored their blocks; program 15 was stopped before its store, so
+    # even its 40 lanes inside the tensor were not written, nor anything beyond
+    assert torch.equal(out[:960], x[:960]) and bool((out[960:] == 7.0).all())
     message = str(info.value)
     assert "tl.store" in message and "past the end of `out_ptr`" in message
     assert "1–24 elements" in message  # 1000 = 15 * 64 + 40: 24 lanes too many

@@ -161,6 +161,9 @@ def test_matmul_edge_cases_and_errors():
     assert torch.equal(matmul.matmul(a, b), torch.zeros(3, 4, device=DEVICE))
     with pytest.raises(ValueError, match=r"a \[M, K\] and b \[K, N\]"):
         matmul.matmul(torch.ones(2, 3, device=DEVICE), torch.ones(4, 2, device=DEVICE))
+    huge = torch.empty(1, 1, device=DEVICE).expand(1 << 16, 1 << 15)  # a view of 1 element
+    with pytest.raises(ValueError, match="2\\^31 elements or more"):
+        matmul.matmul(huge, torch.empty(1 << 15, 4, device=DEVICE))
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         matmul.matmul(torch.ones(2, 2, device=DEVICE), torch.ones(2, 2, device=DEVICE), "gelu")
 

@@ -14,11 +14,13 @@ import html
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from course_lib import interpreter_guard, runtime
 from course_lib.checks.guard import GuardedArena, GuardedBuffer, guarded_copy, is_poison
+from course_lib.checks.launches import counting_launches
 from course_lib.checks.tolerances import tolerance_for
 
 
@@ -177,7 +179,13 @@ def run_check(
     """
     if not callable(fn):
         raise TypeError(f"check_{name} expects your launcher function, got {type(fn).__name__}")
-    results = [_run_case(fn, case, reference, mistakes, hints) for case in cases]
+    results = []
+    for case in cases:
+        if results and results[-1].problems[:1] == [CONTEXT_LOST]:
+            # after an illegal memory access every CUDA call fails: run nothing more
+            results.append(CaseResult(case.label, ["not run: the CUDA context is lost"]))
+            continue
+        results.append(_run_case(fn, case, reference, mistakes, hints))
     if refine is not None:
         refine(cases, results)
     result = CheckResult(name, results)
@@ -185,6 +193,13 @@ def run_check(
         raise CheckFailed(result)
     print(result.headline)
     return result
+
+
+CONTEXT_LOST = "the GPU stopped your kernel: an illegal memory access"
+NO_LAUNCH_HINT = (
+    "the result came from PyTorch, not from a kernel of yours: launch your kernel with "
+    "kernel[grid](...) and return the tensor it wrote"
+)
 
 
 def _input_names(n: int) -> list[str]:
@@ -203,16 +218,22 @@ def _run_case(fn, case: Case, reference, mistakes, hints: Hints) -> CaseResult:
         ranges = [r for _, buf in guarded for r in buf.byte_ranges()]
         watch = interpreter_guard.watching(ranges)
     try:
-        with watch as stray_accesses, arena:
+        with watch as stray_accesses, counting_launches() as launches, arena:
             out = fn(*inputs)
             if runtime.MODE == "gpu":
                 torch.cuda.synchronize()
-    except NotImplementedError:
-        raise  # the exercise is not written yet: let the learner see the stub's message
+    except NotImplementedError as error:
+        if str(error).startswith("Exercise '"):
+            raise  # the exercise is not written yet: let the learner see the stub's message
+        _explain_exception(error, result, hints)
+        return result
     except Exception as error:  # noqa: BLE001  (anything the learner's code raises is a finding)
         _explain_exception(error, result, hints)
         return result
 
+    if launches[0] == 0:
+        result.problems.append("your function launched no Triton kernel")
+        result.hint = NO_LAUNCH_HINT
     diagnosis = _Diagnosis(result, hints, case, mistakes)
     diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
     stray_reads = sum(n for (kind, _), n in stray_accesses.items() if kind == "load")
@@ -231,7 +252,7 @@ def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -
         result.hint = hints.out_of_bounds
         return
     if "illegal memory access" in str(error):
-        result.problems.append("the GPU stopped your kernel: an illegal memory access")
+        result.problems.append(CONTEXT_LOST)
         result.hint = (
             "your kernel reached memory far outside its tensors (a wrong stride or offset), "
             "and the CUDA context is now unusable: restart the Jupyter kernel, then debug "
@@ -239,14 +260,30 @@ def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -
             "mistake stops with an error naming the argument"
         )
         return
-    message = str(error).strip().splitlines()
-    first = message[-1] if message else ""
-    result.problems.append(f"your function raised {type(error).__name__}: {first}"[:400])
-    frames = traceback.extract_tb(error.__traceback__)
-    if frames:
-        where = frames[-1]
+    # Triton wraps errors raised inside a kernel: report the learner's own exception
+    cause = error.__cause__ if error.__cause__ is not None else error
+    lines = str(cause).strip().splitlines()
+    last = lines[-1] if lines else ""
+    result.problems.append(f"your function raised {type(cause).__name__}: {last}"[:400])
+    where = _learners_frame(cause) or _learners_frame(error)
+    if where is not None:
         result.problems.append(f"at {where.filename}:{where.lineno}: {where.line}")
     result.hint = "read the error above: it happened inside your launcher or kernel"
+
+
+def _learners_frame(error: BaseException):
+    """The innermost frame of the traceback that is neither Triton's, torch's nor ours."""
+    library = (
+        str(Path(__file__).resolve().parents[1]),
+        "site-packages",
+        "dist-packages",
+        "<frozen",
+    )
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if not any(part in f.filename for part in library)
+    ]  # fmt: skip
+    return frames[-1] if frames else None
 
 
 @dataclass

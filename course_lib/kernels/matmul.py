@@ -114,6 +114,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
         raise ValueError(f"matmul: activation must be None or 'relu', got {activation!r}")
     M, K = a.shape
     N = b.shape[1]
+    if max(M * K, K * N, M * N) >= 2**31:
+        # the kernel's row * stride offsets are 32-bit integers
+        raise ValueError(
+            f"matmul: {M}x{K} @ {K}x{N} has a matrix of 2^31 elements or more, past what "
+            "this kernel's 32-bit offsets address; split the product into blocks of rows"
+        )
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
