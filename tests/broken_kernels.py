@@ -334,3 +334,44 @@ def matmul_without_store_mask(a, b):
 
 def matmul_swapped_a_strides(a, b):
     return _matmul(a, b, swap_a=True)
+
+
+@triton.jit
+def add_shifted_kernel(
+    x_ptr,
+    y_ptr,
+    out_ptr,
+    n_elements,
+    BLOCK_SIZE: tl.constexpr,
+    SHIFT: tl.constexpr,
+    SPREAD: tl.constexpr,
+    INTO_X: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE * SPREAD + tl.arange(0, BLOCK_SIZE) - SHIFT
+    mask = (offsets < n_elements) & (offsets >= -SHIFT)
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    if INTO_X:  # mistake: the result goes to an input
+        tl.store(x_ptr + offsets, x + y, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def _shifted(x, y, shift=0, spread=1, into_x=False):
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), BLOCK_SIZE),)
+    add_shifted_kernel[grid](x, y, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE, SHIFT=shift,
+                             SPREAD=spread, INTO_X=into_x)  # fmt: skip
+    return out
+
+
+def add_offsets_shifted_back(x, y):
+    return _shifted(x, y, shift=3)  # every block starts 3 elements early
+
+
+def add_blocks_spread_apart(x, y):
+    return _shifted(x, y, spread=2)  # program p covers block 2p: every other block is skipped
+
+
+def add_writes_into_x(x, y):
+    return _shifted(x, y, into_x=True)

@@ -135,6 +135,14 @@ def test_guarded_copy_replicates_the_memory_between_strided_elements():
 ON_GPU_IT_CRASHES = pytest.mark.skipif(runtime.MODE == "gpu", reason="crashes the CUDA context")
 
 MISTAKES = [
+    (course_lib.check_vector_add, broken.add_offsets_shifted_back, "before the start", "negative"),
+    (course_lib.check_vector_add, broken.add_blocks_spread_apart, "never written", "its own block"),
+    (
+        course_lib.check_vector_add,
+        broken.add_writes_into_x,
+        "input `x` was modified",
+        "never to an",
+    ),
     (
         course_lib.check_vector_add,
         broken.add_without_mask,
