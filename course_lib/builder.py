@@ -131,27 +131,33 @@ def stub_source(source: str, grade_id: str, where: str) -> str:
     return "\n".join(out)
 
 
-def answer_lines(source: str) -> list[str]:
-    """The non-blank lines inside a cell's solution regions."""
+def _region_lines(source: str, where: str) -> list[list[str]]:
+    """Each solution region of a cell, as its stripped non-blank lines."""
     lines = source.splitlines()
     return [
-        line.strip()
-        for r in find_regions(source, "cell")
-        for line in lines[r.begin + 1 : r.end]
-        if line.strip() and not line.strip().startswith("#")
+        [line.strip() for line in lines[r.begin + 1 : r.end] if line.strip()]
+        for r in find_regions(source, where)
+    ]
+
+
+def answer_lines(source: str) -> list[str]:
+    """The code lines (no comments) inside a cell's solution regions."""
+    return [
+        line
+        for region in _region_lines(source, "cell")
+        for line in region
+        if not line.startswith("#")
     ]
 
 
 def answer_regions(nb) -> list[list[str]]:
     """Each solution region of a notebook's exercise cells, as its non-blank lines."""
-    regions = []
-    for index, cell in enumerate(nb.cells):
-        if not _is_solution(cell):
-            continue
-        lines = cell.source.splitlines()
-        for r in find_regions(cell.source, f"cell {index}"):
-            regions.append([line.strip() for line in lines[r.begin + 1 : r.end] if line.strip()])
-    return regions
+    return [
+        region
+        for index, cell in enumerate(nb.cells)
+        if _is_solution(cell)
+        for region in _region_lines(cell.source, f"cell {index}")
+    ]
 
 
 def fingerprint(nb) -> str:

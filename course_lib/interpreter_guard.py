@@ -61,6 +61,13 @@ def watching(ranges: list[tuple[int, int, str]]):
         _watched.reset(token)
 
 
+def span(shape, stride) -> int:
+    """Elements of storage a strided tensor reaches, from its first element."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))
+
+
 def _collect(name: str, arg, out: list[_Extent]) -> None:
     import torch
 
@@ -74,9 +81,8 @@ def _collect(name: str, arg, out: list[_Extent]) -> None:
         return
     storage = tensor.untyped_storage()
     start, size = storage.data_ptr(), tensor.element_size()
-    span = 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
     first = tensor.data_ptr()
-    last = first + (span * size if tensor.numel() else 0)
+    last = first + span(tensor.shape, tensor.stride()) * size
     out.append(_Extent(name, start, start + storage.nbytes(), first, last, tensor.numel()))
 
 

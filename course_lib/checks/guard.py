@@ -21,6 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from course_lib import runtime
+from course_lib.interpreter_guard import span as storage_span
 
 # Quiet NaNs with a payload no arithmetic produces, so "still poison" means "never written".
 # The guards around inputs hold another payload: on the CPU, x + NaN keeps the NaN's
@@ -67,13 +68,6 @@ def is_poison(t: torch.Tensor, input_guard: bool = False) -> torch.Tensor:
     return t == torch.iinfo(t.dtype).max
 
 
-def _span(shape, stride) -> int:
-    """Elements of storage a strided tensor reaches, from its first element."""
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))
-
-
 @dataclass
 class GuardedBuffer:
     """One allocation and where its tensor sits inside it."""
@@ -111,7 +105,7 @@ def guarded_empty(
     shape, stride, dtype, device, label: str, input_guard: bool = False
 ) -> tuple[torch.Tensor, GuardedBuffer]:
     """A poisoned tensor of the given layout inside a poisoned, guarded buffer."""
-    span = _span(shape, stride)
+    span = storage_span(shape, stride)
     guard = min(max(span, GUARD_MIN), GUARD_MAX)
     buffer = torch.empty(guard + span + guard, dtype=dtype, device=device)
     poison_(buffer, input_guard)
