@@ -7,7 +7,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from course_lib import references, runtime
-from course_lib.checks.engine import Case, CaseResult, CheckResult, Hints, KnownMistake, run_check
+from course_lib.checks.engine import (
+    Case,
+    CaseResult,
+    CheckResult,
+    Hints,
+    KnownMistake,
+    random_input,
+    run_check,
+)
 
 HINTS = Hints(
     out_of_bounds=(
@@ -38,7 +46,7 @@ SWAPPED_HINT = (
 
 def _layouts(m: int, n: int, generator: torch.Generator, dtype) -> dict[str, torch.Tensor]:
     def rand(*shape):
-        return (torch.randn(*shape, generator=generator) * 4 + 0.5).to(dtype).to(runtime.DEVICE)
+        return random_input(generator, shape, dtype, scale=4, shift=0.5)
 
     return {
         "contiguous": rand(m, n),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from course_lib import references, runtime
-from course_lib.checks.engine import Case, CheckResult, KnownMistake, run_check
+from course_lib.checks.engine import Case, CheckResult, KnownMistake, random_input, run_check
 
 # Odd sizes are a multiple of no block size, so every case has a partial last block.
 SIZES: list[tuple[int, str]] = [
@@ -27,10 +27,8 @@ def _cases(n_inputs: int, seed: int) -> list[Case]:
     plan = [(n, why, torch.float32) for n, why in SIZES]
     plan += [(n, why, dt) for dt in runtime.DTYPES[1:] for n, why in LOW_PRECISION_SIZES]
     for n, why, dtype in plan:
-        # random normal values never zero, drawn on the CPU so both modes see the same numbers
         inputs = tuple(
-            (torch.randn(n, generator=generator) * 4 + 0.5).to(dtype).to(runtime.DEVICE)
-            for _ in range(n_inputs)
+            random_input(generator, (n,), dtype, scale=4, shift=0.5) for _ in range(n_inputs)
         )
         cases.append(Case(f"n={n} ({why}), {str(dtype).removeprefix('torch.')}", inputs))
     return cases

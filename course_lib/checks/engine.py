@@ -36,6 +36,14 @@ class Case:
     atol_scale: float = 1.0  # e.g. sqrt(K) for a dot product of K terms
 
 
+def random_input(
+    generator: torch.Generator, shape, dtype=torch.float32, scale: float = 1.0, shift: float = 0.0
+) -> torch.Tensor:
+    """Seeded normal values, drawn on the CPU so both modes see the same numbers."""
+    values = torch.randn(*shape, generator=generator) * scale + shift
+    return values.to(dtype).to(runtime.DEVICE)
+
+
 @dataclass
 class KnownMistake:
     """A wrong answer a learner is likely to produce, and what to tell them.
@@ -328,12 +336,12 @@ class _Diagnosis:
                 f"your function returned a {type(out).__name__}, not a tensor",
                 "return the output tensor itself",
             )
-        elif any(buf.owns(out) for buf in input_buffers):
-            name = _input_names(len(input_buffers))[
-                next(i for i, b in enumerate(input_buffers) if b.owns(out))
-            ]
+        elif owner := next(
+            (n for n, b in zip(_input_names(len(input_buffers)), input_buffers) if b.owns(out)),
+            None,
+        ):
             self.problem(
-                f"the result is the input `{name}` itself",
+                f"the result is the input `{owner}` itself",
                 "allocate a new output with torch.empty_like(x), store into it, and return it",
             )
         elif out.shape != expected.shape:

@@ -8,7 +8,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from course_lib import references, runtime
-from course_lib.checks.engine import Case, CaseResult, CheckResult, Hints, KnownMistake, run_check
+from course_lib.checks.engine import (
+    Case,
+    CaseResult,
+    CheckResult,
+    Hints,
+    KnownMistake,
+    random_input,
+    run_check,
+)
 
 HINTS = Hints(
     out_of_bounds=(
@@ -81,7 +89,7 @@ def _cases(seed: int) -> list[Case]:
 
     def rand(rows, cols, dtype, transposed=False):
         shape = (cols, rows) if transposed else (rows, cols)
-        t = torch.randn(*shape, generator=generator).to(dtype).to(runtime.DEVICE)
+        t = random_input(generator, shape, dtype)
         return t.t() if transposed else t
 
     def case(m, n, k, why, dtype=torch.float32, ta=False, tb=False, kind="contiguous"):

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from course_lib import references, runtime
-from course_lib.checks.engine import Case, CheckResult, Hints, KnownMistake, run_check
+from course_lib.checks.engine import Case, CheckResult, Hints, KnownMistake, random_input, run_check
 
 HINTS = Hints(
     out_of_bounds=(
@@ -66,7 +66,7 @@ def _cases(seed: int) -> list[Case]:
     generator = torch.Generator().manual_seed(seed)
 
     def rand(m, n, scale=3.0, dtype=torch.float32):
-        return (torch.randn(m, n, generator=generator) * scale).to(dtype).to(runtime.DEVICE)
+        return random_input(generator, (m, n), dtype, scale=scale)
 
     wide = runtime.by_mode(gpu=12_345, interpreter=3001)
     cases = [
