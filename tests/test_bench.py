@@ -41,6 +41,15 @@ def test_sweep_ratios_and_table():
     assert "copy bandwidth 3,000 GB/s" in table
 
 
+def test_launch_column_when_measured():
+    sweep = _fake_sweep()
+    sweep.launch_us = {"kernel": [21.4, 30.0], "torch": [7.6, 8.2]}
+    table = sweep.table()
+    assert "| kernel/ceiling | launch µs, kernel / torch |" in table
+    assert "| 2^20 | 1,500 | 1,600 | 0.938 | 0.500 | 21 / 8 |" in table
+    assert sweep.rows()[1]["kernel launch us"] == 30.0
+
+
 def test_shapes_label_and_extra_baselines():
     sweep = bench.Sweep("softmax", torch.float32, ceiling=4000.0)
     sweep.points = [(4096, 781)]
@@ -63,6 +72,8 @@ def test_plot_shows_kernel_torch_and_ceiling(tmp_path):
 def test_timing_refuses_in_the_interpreter_and_the_command_says_so(capsys, tmp_path):
     with pytest.raises(RuntimeError, match="needs a GPU"):
         bench.median_ms(lambda: None)
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        bench.launch_us(lambda: None)
     assert bench_main(["--out", str(tmp_path / "b")]) == 0
     assert "Benchmarking needs a GPU" in capsys.readouterr().out
     assert not (tmp_path / "b").exists()
@@ -100,3 +111,19 @@ def test_small_flops_sweep_on_gpu():
         rounds=1,
     )
     assert sweep.unit == "TFLOP/s" and 0 < sweep.rows()[0]["kernel/torch"] < 3
+
+
+@pytest.mark.gpu
+def test_median_ms_leaves_the_host_out():
+    import time
+
+    from course_lib.kernels import vector_add
+
+    x = torch.randn(1 << 12, device=runtime.DEVICE)
+
+    def slow_host():
+        time.sleep(2e-3)  # 2 ms of Python before a kernel of a few microseconds
+        return vector_add.add(x, x)
+
+    assert bench.launch_us(slow_host) > 1500
+    assert bench.median_ms(slow_host) < 0.5

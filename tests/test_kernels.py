@@ -178,6 +178,57 @@ def test_matmul_awkward_large_shape_on_gpu(dtype):
     assert error < 1e-2
 
 
+@pytest.mark.parametrize("contiguous_axis", [0, 1])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_padded_copy_keeps_the_values_and_pads_the_rows(layout, contiguous_axis):
+    base = torch.randn(70, 130, device=DEVICE)
+    t = {"contiguous": base, "transposed": base.t(), "sliced": base[1::2, 3:120:2]}[layout]
+    copy = matmul.padded_copy(t, contiguous_axis)
+    assert torch.equal(copy, t)
+    assert copy.stride(contiguous_axis) == 1 and copy.stride(1 - contiguous_axis) % 16 == 0
+
+
+def test_views_that_reach_past_32_bit_offsets_are_copied(monkeypatch):
+    monkeypatch.setattr(matmul, "padded_copy", lambda t, axis: "copied")
+    wide_strides = torch.empty_strided((4, 16), (1 << 30, 1), device="meta")
+    assert matmul._aligned(wide_strides) == "copied"
+    assert matmul._aligned(torch.empty(4, 16, device="meta")) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+def test_matmul_edge_pieces_never_leak_on_gpu(precision):
+    # Inputs in every layout, several padded with NaN past their edge. Where rows are a
+    # multiple of 16 elements apart the kernel loads 16-byte pieces, and the piece that
+    # straddles M or N reads NaN from the padding: none of it may reach the result.
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+
+    def layouts(rows, cols):
+        """x [rows, cols] row-major, column-major, in NaN-padded rows and columns a
+        multiple of 16 elements apart (no copy is made of those), and one row repeated."""
+        x = torch.randn(rows, cols, device=DEVICE).to(dtype)
+        nans = lambda r, c: torch.full((r, (c + 15) // 16 * 16 + 16), float("nan")).to(x)
+        yield x
+        yield x.t().contiguous().t()
+        yield nans(rows, cols)[:, :cols].copy_(x)
+        yield nans(cols, rows)[:, :rows].copy_(x.t()).t()
+        yield x[:1].expand(rows, cols)  # a row stride of 0
+
+    try:
+        for m, n, k in [(61, 301, 77), (1, 301, 77), (61, 1, 77)]:
+            for a in layouts(m, k):
+                for b in layouts(k, n):
+                    expected = a.double() @ b.double()
+                    got = matmul.matmul(a, b).double()
+                    error = ((got - expected).norm() / expected.norm()).item()
+                    tol = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5, "tf32": 2e-3}[precision]
+                    assert error < tol, (m, n, k, a.stride(), b.stride(), error)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.gpu
 def test_softmax_wide_rows_on_gpu():
     for shape in [(4096, 1 << 17), (64, 1 << 20)]:

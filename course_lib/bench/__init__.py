@@ -6,7 +6,13 @@ Everything here times on a GPU only; in the interpreter, guard calls with
 """
 
 from course_lib.bench.sweep import Sweep, bandwidth_sweep, flops_sweep, matmul_peak, plot_sweep
-from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms, tflop_per_s
+from course_lib.bench.timing import (
+    copy_bandwidth,
+    gb_per_s,
+    launch_us,
+    median_ms,
+    tflop_per_s,
+)
 
 __all__ = [
     "Sweep",
@@ -14,6 +20,7 @@ __all__ = [
     "copy_bandwidth",
     "flops_sweep",
     "gb_per_s",
+    "launch_us",
     "matmul_peak",
     "median_ms",
     "plot_sweep",

@@ -34,9 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling = copy_bandwidth()
     sections = [
-        f"# Benchmarks\n\n{runtime.describe()}\n\nMedian of many runs "
-        f"(triton.testing.do_bench). Ceiling: device copy bandwidth, "
-        f"{ceiling:,.0f} GB/s, measured in this run.\n"
+        f"# Benchmarks\n\n{runtime.describe()}\n\nGPU time, median of many runs after a "
+        f"warm-up, L2 flushed before each run and the host's launch cost kept out "
+        f"(bench.median_ms); the host microseconds per call are in the last column. "
+        f"Ceiling: device copy bandwidth, {ceiling:,.0f} GB/s, measured in this run.\n"
     ]
     for name in args.only:
         for sweep in SUITES[name](ceiling):

@@ -64,20 +64,35 @@ def softmax_suite(ceiling_gbps: float) -> list[Sweep]:
             "softmax", softmax.softmax, references.softmax, n_inputs=1,
             bytes_moved=lambda shape, dtype: references.softmax_bytes(*shape, dtype),
             sizes=SOFTMAX_SHAPES, ceiling_gbps=ceiling_gbps,
-            others={"torch.compile": compiled},
+            # a copy moves the same bytes and computes nothing: the most a softmax of this
+            # shape can hope for, and with small shapes less than the ceiling
+            others={"torch.compile": compiled, "copy": torch.clone},
         )
     ]  # fmt: skip
 
 
 def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
     sweeps = []
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        # fp32 runs as TF32 on both sides, the fair fight on tensor cores
-        torch.backends.cuda.matmul.allow_tf32 = dtype == torch.float32
-        shapes = MATMUL_SHAPES if dtype != torch.float32 else MATMUL_SHAPES[:2] + MATMUL_SHAPES[3:]
-        name = "matmul (TF32)" if dtype == torch.float32 else "matmul"
-        sweeps.append(flops_sweep(name, matmul.matmul, torch.matmul, shapes=shapes, dtype=dtype))
-    torch.backends.cuda.matmul.allow_tf32 = False
+    for dtype in (torch.float16, torch.bfloat16):
+        sweeps.append(
+            flops_sweep("matmul", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES, dtype=dtype)
+        )
+    # fp32 runs as TF32 on both sides, the fair fight on tensor cores; B comes row-major,
+    # which the kernel must first transpose, and K-major, as a Linear layer's weight
+    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, True
+    try:
+        shapes = [s for s in MATMUL_SHAPES if s != (8192, 8192, 8192)]
+        ceiling = None
+        for b_k_major in (False, True):
+            sweep = flops_sweep(
+                "matmul (TF32, B K-major)" if b_k_major else "matmul (TF32)",
+                matmul.matmul, torch.matmul, shapes=shapes, dtype=torch.float32,
+                ceiling_tflops=ceiling, b_k_major=b_k_major,
+            )  # fmt: skip
+            ceiling = sweep.ceiling
+            sweeps.append(sweep)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
     return sweeps
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib import runtime
-from course_lib.bench.timing import copy_bandwidth, gb_per_s, median_ms, tflop_per_s
+from course_lib.bench.timing import copy_bandwidth, gb_per_s, launch_us, median_ms, tflop_per_s
 
 Point = int | tuple[int, ...]
 
@@ -37,6 +37,8 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
     kernel: list[float] = field(default_factory=list)
     baselines: dict[str, list[float]] = field(default_factory=dict)
+    # host microseconds per call of the kernel's launcher and of torch, where measured
+    launch_us: dict[str, list[float]] = field(default_factory=dict)
 
     def rows(self) -> list[dict]:
         rows = []
@@ -46,6 +48,8 @@ class Sweep:
                 row[name] = values[i]
                 row[f"kernel/{name}"] = self.kernel[i] / values[i]
             row["kernel/ceiling"] = self.kernel[i] / self.ceiling
+            for name, values in self.launch_us.items():
+                row[f"{name} launch us"] = values[i]
             rows.append(row)
         return rows
 
@@ -57,6 +61,7 @@ class Sweep:
             + [f"{n} {self.unit}" for n in names]
             + [f"kernel/{n}" for n in names]
             + ["kernel/ceiling"]
+            + (["launch µs, kernel / torch"] if self.launch_us else [])
         )
         dtype = str(self.dtype).removeprefix("torch.")
         lines = [
@@ -71,6 +76,9 @@ class Sweep:
             cells += [f"{r[n]:,.0f}" for n in names]
             cells += [f"{r[f'kernel/{n}']:.3f}" for n in names]
             cells.append(f"{r['kernel/ceiling']:.3f}")
+            if self.launch_us:
+                us = [r.get(f"{name} launch us", math.nan) for name in ("kernel", "torch")]
+                cells.append(f"{us[0]:.0f} / {us[1]:.0f}")
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -87,9 +95,10 @@ def run_sweep(
     """Time `kernel` and each baseline at every point; fill `sweep` with throughputs.
 
     Each point is timed in `rounds` interleaved rounds (kernel, baselines, kernel, ...),
-    each round a do_bench median, and the median round is kept: drift of clocks and
-    cache state between rounds then touches every side alike. Small sizes need it:
-    a few microseconds per run swing by 10% from one do_bench call to the next.
+    each round a `median_ms`, and the median round is kept: drift of clocks and cache
+    state between rounds then touches every side alike. Small sizes need it: a few
+    microseconds per run swing by 10% from one median to the next. The times are GPU
+    times; the host's cost of each call of the kernel and of torch is recorded apart.
     """
     if runtime.INTERPRETED:
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
@@ -97,6 +106,7 @@ def run_sweep(
 
     reference = next(iter(baselines.values()))
     sweep.baselines = {name: [] for name in baselines}
+    sweep.launch_us = {"kernel": [], "torch": []}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
         # a timing of a wrong kernel is worthless: compare once, by relative norm, which
@@ -111,6 +121,8 @@ def run_sweep(
             for name, fn in fns.items():
                 times[name].append(median_ms(lambda f=fn, a=inputs: f(*a)))
         sweep.points.append(point)
+        for name, fn in (("kernel", kernel), ("torch", reference)):
+            sweep.launch_us[name].append(launch_us(lambda f=fn, a=inputs: f(*a)))
         sweep.kernel.append(throughput(point, statistics.median(times["kernel"])))
         for name in baselines:
             sweep.baselines[name].append(throughput(point, statistics.median(times[name])))
@@ -171,19 +183,22 @@ def flops_sweep(
     dtype: torch.dtype,
     ceiling_tflops: float | None = None,
     rounds: int = 3,
+    b_k_major: bool = False,
 ) -> Sweep:
     """TFLOP/s of a matmul `kernel(a, b)` and `reference` over (M, N, K) shapes.
 
-    The ceiling is torch.matmul's own rate on an 8192^3 product of the same dtype,
-    measured now unless given: the peak this GPU reaches in practice.
+    a and b are row-major, or with `b_k_major` b is the transpose of a row-major [N, K]
+    matrix, as a Linear layer's weight is used. The ceiling is torch.matmul's own rate
+    on an 8192^3 product of the same dtype, measured now unless given: the peak this
+    GPU reaches in practice.
     """
 
     def make_inputs(shape):
         m, n, k = shape
-        return (
-            torch.randn(m, k, device=runtime.DEVICE, dtype=dtype),
-            torch.randn(k, n, device=runtime.DEVICE, dtype=dtype),
-        )
+        a = torch.randn(m, k, device=runtime.DEVICE, dtype=dtype)
+        if b_k_major:
+            return a, torch.randn(n, k, device=runtime.DEVICE, dtype=dtype).t()
+        return a, torch.randn(k, n, device=runtime.DEVICE, dtype=dtype)
 
     ceiling = matmul_peak(dtype) if ceiling_tflops is None else ceiling_tflops
     sweep = Sweep(name, dtype, ceiling, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3")

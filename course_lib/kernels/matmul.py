@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
+from course_lib.interpreter_guard import span
 from course_lib.kernels._launch import check_same
 
 # In the interpreter one small configuration, timing means nothing there.
@@ -21,6 +22,7 @@ INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 # far more than it could win, so they take one modest configuration.
 SMALL_PRODUCT = 256**3
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+COPY_BLOCK = 64  # tiles of COPY_BLOCK x COPY_BLOCK in the copies that pad rows
 
 
 def _configs() -> list[triton.Config]:
@@ -67,10 +69,18 @@ def matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    # rows past M and columns past N wrap around instead of being masked: their results
-    # are never stored, and unmasked loads keep the inner loop lean
-    offs_am = offs_m % M
-    offs_bn = offs_n % N
+    # rows past M and columns past N read row or column 0 instead of being masked: their
+    # results are never stored, and unmasked loads keep the inner loop lean
+    offs_am = tl.where(offs_m < M, offs_m, 0)
+    offs_bn = tl.where(offs_n < N, offs_n, 0)
+    # tl.where hides from the compiler that the offsets run in steps of one from a multiple
+    # of the block, which it must know to load 16 bytes at a time. Say so. It is true of
+    # every 16-byte piece but those that straddle M or N in the last tiles: such a piece
+    # still starts at a valid element on a 16-byte boundary, so it stays in memory that
+    # exists, and the up to 7 elements it reads past the edge (the rows' padding, see
+    # _aligned) go only into results that are never stored
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     a_ptrs = (
         a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     )  # [BLOCK_M, BLOCK_K]
@@ -79,14 +89,21 @@ def matmul_kernel(
     )  # [BLOCK_K, BLOCK_N]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # fp32 whatever the inputs
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        # the last step of K overhangs: load zeros there, which add nothing to the dot
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    # the whole steps of K, unmasked: a mask that varies along K, the contiguous axis of a
+    # row-major A, would stop the compiler from loading 16 bytes at a time
+    for _ in range(0, K // BLOCK_K):
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    # the last step overhangs K unless BLOCK_K divides it: load zeros past the end there,
+    # which add nothing to the dot
+    k_left = K % BLOCK_K
+    if k_left > 0:
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
     if ACTIVATION == "relu":  # fused epilogue: applied in registers, before the one store
         acc = tl.maximum(acc, 0.0)
@@ -95,7 +112,11 @@ def matmul_kernel(
     tl.store(c_ptrs, c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-matmul_kernel_autotuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(matmul_kernel)
+# the precision is in the key: a config that fits for exact fp32 can need more shared
+# memory than the GPU has as TF32
+matmul_kernel_autotuned = triton.autotune(
+    configs=_configs(), key=["M", "N", "K", "INPUT_PRECISION"]
+)(matmul_kernel)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> torch.Tensor:
@@ -115,7 +136,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
     M, K = a.shape
     N = b.shape[1]
     if max(M * K, K * N, M * N) >= 2**31:
-        # the kernel's row * stride offsets are 32-bit integers
         raise ValueError(
             f"matmul: {M}x{K} @ {K}x{N} has a matrix of 2^31 elements or more, past what "
             "this kernel's 32-bit offsets address; split the product into blocks of rows"
@@ -125,8 +145,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
         return c
     if K == 0:
         return c.zero_()
-    a, b = _aligned(a), _aligned(b)
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    if tf32:
+        # TF32 tensor-core instructions read both tiles with K contiguous; a B with N
+        # contiguous is transposed inside the kernel (measured on a Hopper GPU: a quarter
+        # the speed), so copy it K-major first
+        a, b = _aligned(a, contiguous_axis=1), _aligned(b, contiguous_axis=0)
+    else:
+        a, b = _aligned(a), _aligned(b)
+    if max(span(a.shape, a.stride()), span(b.shape, b.stride())) >= 2**31:
+        raise ValueError(
+            f"matmul: {M}x{K} @ {K}x{N} needs 2^31 elements of memory or more for a or b "
+            "once their rows are padded to a multiple of 16 elements, past what this "
+            "kernel's 32-bit offsets address; split the product into blocks of rows"
+        )
     args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
     meta = {"ACTIVATION": activation or "", "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
@@ -139,22 +171,53 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
     return c
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy whose rows (or columns) start on 16-byte boundaries.
+def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tensor:
+    """`t`, or a copy whose `contiguous_axis` (by default the one already contiguous,
+    else the columns) is contiguous, with rows (or columns) a multiple of 16 elements apart.
 
-    Tiles load 16 bytes at a time only when every row of a tile starts on a 16-byte
-    boundary. A [1000, 777] fp16 matrix has rows 1554 bytes apart, so every load
-    would fall back to 2-byte pieces; one copy into rows padded to 1568 bytes costs a
-    few microseconds and buys back the full tensor-core speed.
+    Tiles load 16 bytes at a time only where the compiler can prove that each row of a
+    tile starts on a 16-byte boundary, and it knows only of integer arguments that they
+    are multiples of 16. A [1000, 777] fp16 matrix has rows 777 elements apart, so every
+    load would fall back to 2-byte pieces; one copy into rows padded to 784 elements costs
+    a few microseconds of GPU time (and one more launch) and buys back the full
+    tensor-core speed. A view whose strides reach 2^31 elements or more is copied too:
+    the kernel's offsets are 32-bit.
     """
-    if runtime.INTERPRETED:
+    if contiguous_axis is None:
+        contiguous_axis = 0 if t.stride(0) == 1 and t.stride(1) != 1 else 1
+    if span(t.shape, t.stride()) < 2**31 and (
+        runtime.INTERPRETED  # nothing to gain there, and the copies cost time
+        or (t.stride(contiguous_axis) == 1 and t.stride(1 - contiguous_axis) % 16 == 0)
+    ):
         return t
-    per_16_bytes = 16 // t.element_size()
-    rows, cols = t.shape
-    if t.stride(1) == 1 and t.stride(0) % per_16_bytes == 0:
-        return t
-    if t.stride(0) == 1 and t.stride(1) % per_16_bytes == 0:
-        return t
-    padded_cols = triton.cdiv(cols, per_16_bytes) * per_16_bytes
-    copy = torch.empty((rows, padded_cols), dtype=t.dtype, device=t.device)[:, :cols]
-    return copy.copy_(t)
+    return padded_copy(t, contiguous_axis)
+
+
+def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
+    """A copy of the 2-D `t` with `contiguous_axis` contiguous and the other axis's stride
+    rounded up to a multiple of 16 elements."""
+    src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
+    rows, cols = src.shape
+    copy = torch.empty((rows, triton.cdiv(cols, 16) * 16), dtype=t.dtype, device=t.device)
+    copy = copy[:, :cols]
+    tiles_r, tiles_c = triton.cdiv(rows, COPY_BLOCK), triton.cdiv(cols, COPY_BLOCK)
+    if copy.numel() > 0:
+        _copy_kernel[(tiles_r * tiles_c,)](
+            src, copy, rows, cols, *src.stride(), *copy.stride(), tiles_c, BLOCK=COPY_BLOCK
+        )
+    return copy if contiguous_axis == 1 else copy.t()
+
+
+@triton.jit
+def _copy_kernel(
+    src_ptr, dst_ptr, rows, cols, stride_sr, stride_sc, stride_dr, stride_dc, tiles_c,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    # one tile per program; when src is transposed the compiler reads it down its
+    # columns and writes along the rows of dst, passing the tile through shared memory
+    pid = tl.program_id(axis=0)
+    offs_r = ((pid // tiles_c) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    offs_c = ((pid % tiles_c) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+    x = tl.load(src_ptr + offs_r[:, None] * stride_sr + offs_c[None, :] * stride_sc, mask=mask)
+    tl.store(dst_ptr + offs_r[:, None] * stride_dr + offs_c[None, :] * stride_dc, x, mask=mask)
