@@ -196,6 +196,13 @@ def test_views_that_reach_past_32_bit_offsets_are_copied(monkeypatch):
     assert matmul._aligned(compact) is compact
 
 
+def test_padding_that_reaches_past_32_bit_offsets_is_refused_before_allocating():
+    # 2^27 + 1 rows of 9 elements fit; padded to 16 they would span 2^31 + 9 elements
+    tall = torch.empty((1 << 27) + 1, 9, device="meta")
+    with pytest.raises(ValueError, match="2\\^31 elements of memory or more"):
+        matmul.padded_copy(tall, contiguous_axis=1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 def test_matmul_edge_pieces_never_leak_on_gpu(precision):
@@ -217,6 +224,7 @@ def test_matmul_edge_pieces_never_leak_on_gpu(precision):
         yield nans(cols, rows)[:, :rows].copy_(x.t()).t()
         yield x[:1].expand(rows, cols)  # a row stride of 0
 
+    tol = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5, "tf32": 2e-3}[precision]
     try:
         for m, n, k in [(61, 301, 77), (1, 301, 77), (61, 1, 77)]:
             for a in layouts(m, k):
@@ -224,7 +232,6 @@ def test_matmul_edge_pieces_never_leak_on_gpu(precision):
                     expected = a.double() @ b.double()
                     got = matmul.matmul(a, b).double()
                     error = ((got - expected).norm() / expected.norm()).item()
-                    tol = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5, "tf32": 2e-3}[precision]
                     assert error < tol, (m, n, k, a.stride(), b.stride(), error)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved

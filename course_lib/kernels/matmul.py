@@ -153,12 +153,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
         a, b = _aligned(a, contiguous_axis=1), _aligned(b, contiguous_axis=0)
     else:
         a, b = _aligned(a), _aligned(b)
-    if max(span(a.shape, a.stride()), span(b.shape, b.stride())) >= 2**31:
-        raise ValueError(
-            f"matmul: {M}x{K} @ {K}x{N} needs 2^31 elements of memory or more for a or b "
-            "once their rows are padded to a multiple of 16 elements, past what this "
-            "kernel's 32-bit offsets address; split the product into blocks of rows"
-        )
     args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
     meta = {"ACTIVATION": activation or "", "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
@@ -195,11 +189,18 @@ def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tenso
 
 def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
     """A copy of the 2-D `t` with `contiguous_axis` contiguous and the other axis's stride
-    rounded up to a multiple of 16 elements."""
+    rounded up to a multiple of 16 elements. Refused, before anything is allocated, where
+    the padding takes the copy to 2^31 elements or more: the kernel's offsets are 32-bit."""
     src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
     rows, cols = src.shape
-    copy = torch.empty((rows, triton.cdiv(cols, 16) * 16), dtype=t.dtype, device=t.device)
-    copy = copy[:, :cols]
+    padded_cols = triton.cdiv(cols, 16) * 16
+    if span((rows, cols), (padded_cols, 1)) >= 2**31:
+        raise ValueError(
+            f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
+            "more once its rows are padded to a multiple of 16 elements, past what this "
+            "kernel's 32-bit offsets address; split the product into blocks of rows"
+        )
+    copy = torch.empty((rows, padded_cols), dtype=t.dtype, device=t.device)[:, :cols]
     tiles_r, tiles_c = triton.cdiv(rows, COPY_BLOCK), triton.cdiv(cols, COPY_BLOCK)
     if copy.numel() > 0:
         _copy_kernel[(tiles_r * tiles_c,)](
