@@ -168,6 +168,48 @@ def test_matmul_edge_cases_and_errors():
         matmul.matmul(torch.ones(2, 2, device=DEVICE), torch.ones(2, 2, device=DEVICE), "gelu")
 
 
+def _matmul_error(got, a, b):
+    """|got - a @ b| over |a| @ |b| (Frobenius norms): the rounding errors against the size
+    of the terms they come from. Against |a @ b| the error has no bound where the terms
+    cancel: for a TF32 product of two matrices of repeated rows (rank one, each element a
+    multiple of the sum of a's row) one random draw came out 0.47 from the exact product,
+    and on another torch.matmul's own result was 3e-3 off."""
+    expected = a.double() @ b.double()
+    scale = (a.double().abs() @ b.double().abs()).norm()
+    return ((got.double() - expected).norm() / scale).item()
+
+
+@pytest.mark.parametrize("b_layout", ["row-major", "column-major"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
+def test_fp32_matmul_takes_b_in_either_layout(tf32, b_layout):
+    # with TF32 a row-major B goes first in the dot (C^T = B^T A^T), rounded on the way
+    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
+    try:
+        _check_fp32_matmul(tf32, b_layout)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _check_fp32_matmul(tf32, b_layout):
+    # an error over the whole product (see _matmul_error): a GPU adds the K terms one after
+    # another in float32, and on an element near zero that sum's rounding can pass any rtol
+    bound = 2e-3 if tf32 else 1e-5
+    # the last shape is past SMALL_PRODUCT: on a GPU it autotunes, non-square tiles included
+    for m, n, k in [(61, 67, 71), (1, 37, 17), (37, 1, 23), (45, 53, 7), (128, 384, 352)]:
+        a = torch.randn(m, k, device=DEVICE)
+        b = torch.randn(k, n, device=DEVICE)
+        if b_layout == "column-major":
+            b = b.t().contiguous().t()
+        got = matmul.matmul(a, b)
+        assert _matmul_error(got, a, b) < bound, (m, n, k)
+        if tf32 and runtime.INTERPRETED and b_layout == "row-major" and n > 1:
+            # the interpreter multiplies in float32: only the rounding of B shows, and it
+            # must be to the nearest TF32 value, not a cut (a B of one column is K-major too)
+            bits = b.view(torch.int32)
+            b_tf32 = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+            assert _matmul_error(got, a, b_tf32) < 1e-6, (m, n, k)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_matmul_awkward_large_shape_on_gpu(dtype):
@@ -229,9 +271,8 @@ def test_matmul_edge_pieces_never_leak_on_gpu(precision):
         for m, n, k in [(61, 301, 77), (1, 301, 77), (61, 1, 77)]:
             for a in layouts(m, k):
                 for b in layouts(k, n):
-                    expected = a.double() @ b.double()
                     got = matmul.matmul(a, b).double()
-                    error = ((got - expected).norm() / expected.norm()).item()
+                    error = _matmul_error(got, a, b)
                     assert error < tol, (m, n, k, a.stride(), b.stride(), error)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved

@@ -3,7 +3,8 @@ autotuning, and an optional fused activation.
 
 Each program computes one BLOCK_M x BLOCK_N tile of C, walking K in steps of BLOCK_K.
 Programs are numbered so that GROUP_M consecutive ones share column tiles of B and
-row tiles of A while those are still in L2.
+row tiles of A while those are still in L2. TF32 with a row-major B takes a second kernel,
+tf32_b_first_kernel, which computes C^T = B^T A^T to suit the tensor cores (see there).
 """
 
 from __future__ import annotations
@@ -25,22 +26,35 @@ SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 COPY_BLOCK = 64  # tiles of COPY_BLOCK x COPY_BLOCK in the copies that pad rows
 
 
-def _configs() -> list[triton.Config]:
-    shapes = [
-        # BLOCK_M, BLOCK_N, BLOCK_K, stages, warps: large tiles for large products, small
-        # ones so that a 1024^3 product still has a tile for every SM; BLOCK_K = 32 ones
-        # for fp32, whose tiles take twice the shared memory
-        (128, 256, 64, 3, 8),
-        (256, 128, 64, 3, 8),
-        (128, 128, 64, 4, 8),
-        (128, 128, 64, 4, 4),
-        (128, 64, 64, 4, 4),
-        (64, 128, 64, 4, 4),
-        (64, 64, 64, 4, 4),
-        (128, 256, 32, 3, 8),
-        (128, 128, 32, 4, 8),
-        (128, 64, 32, 4, 4),
-    ]
+# BLOCK_M, BLOCK_N, BLOCK_K, stages, warps: large tiles for large products, small ones so
+# that a 1024^3 product still has a tile for every SM; BLOCK_K = 32 ones for fp32, whose
+# tiles take twice the shared memory
+TILE_SHAPES = [
+    (128, 256, 64, 3, 8),
+    (256, 128, 64, 3, 8),
+    (128, 128, 64, 4, 8),
+    (128, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+    (128, 256, 32, 3, 8),
+    (128, 128, 32, 4, 8),
+    (128, 64, 32, 4, 4),
+]
+# tf32_b_first_kernel's dot is [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M]; the best of a search
+# on a Hopper GPU: (256, 128) for 4096^3 and 8192^3, (128, 64) for 1024^3
+B_FIRST_TILE_SHAPES = [
+    (256, 128, 32, 3, 8),
+    (256, 128, 32, 4, 8),
+    (128, 256, 32, 3, 8),
+    (128, 128, 32, 4, 8),
+    (128, 128, 32, 4, 4),
+    (128, 64, 32, 4, 4),
+    (64, 128, 32, 4, 4),
+]
+
+
+def _configs(shapes: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
     return [
         triton.Config(
             {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w
@@ -56,31 +70,8 @@ def matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    # grouped order: walk GROUP_M row tiles down one column of tiles before moving right
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    programs_per_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // programs_per_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % programs_per_group) % group_size_m
-    pid_n = (pid % programs_per_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    offs_m, offs_n, offs_am, offs_bn = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
-    # rows past M and columns past N read row or column 0 instead of being masked: their
-    # results are never stored, and unmasked loads keep the inner loop lean
-    offs_am = tl.where(offs_m < M, offs_m, 0)
-    offs_bn = tl.where(offs_n < N, offs_n, 0)
-    # tl.where hides from the compiler that the offsets run in steps of one from a multiple
-    # of the block, which it must know to load 16 bytes at a time. Say so. It is true of
-    # every 16-byte piece but those that straddle M or N in the last tiles: such a piece
-    # still starts at a valid element on a 16-byte boundary, so it stays in memory that
-    # exists, and the up to 7 elements it reads past the edge (the rows' padding, see
-    # _aligned) go only into results that are never stored
-    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     a_ptrs = (
         a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     )  # [BLOCK_M, BLOCK_K]
@@ -105,18 +96,100 @@ def matmul_kernel(
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    _store(c_ptrs, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N), ACTIVATION)
+
+
+@triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's rows and columns of C, and the same offsets made safe to load."""
+    # grouped order: walk GROUP_M row tiles down one column of tiles before moving right
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    programs_per_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // programs_per_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % programs_per_group) % group_size_m
+    pid_n = (pid % programs_per_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    # rows past M and columns past N read row or column 0 instead of being masked: their
+    # results are never stored, and unmasked loads keep the inner loop lean
+    offs_am = tl.where(offs_m < M, offs_m, 0)
+    offs_bn = tl.where(offs_n < N, offs_n, 0)
+    # tl.where hides from the compiler that the offsets run in steps of one from a multiple
+    # of the block, which it must know to load 16 bytes at a time. Say so. It is true of
+    # every 16-byte piece but those that straddle M or N in the last tiles: such a piece
+    # still starts at a valid element on a 16-byte boundary, so it stays in memory that
+    # exists, and the up to 7 elements it reads past the edge (the rows' padding, see
+    # _aligned) go only into results that are never stored
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
+    return offs_m, offs_n, offs_am, offs_bn
+
+
+@triton.jit
+def _store(c_ptrs, acc, mask, ACTIVATION: tl.constexpr):
     if ACTIVATION == "relu":  # fused epilogue: applied in registers, before the one store
         acc = tl.maximum(acc, 0.0)
-    c = acc.to(c_ptr.dtype.element_ty)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, c, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tf32_b_first_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+):  # fmt: skip
+    """matmul_kernel for TF32 with a B whose N axis is contiguous, as C^T = B^T A^T.
+
+    TF32 tensor-core instructions read their second operand from shared memory with K
+    contiguous, and their first from shared memory likewise or from registers, where the
+    layout in memory no longer matters. As the second operand a row-major B would have
+    each tile transposed in shared memory by the compiler: a quarter of the speed,
+    measured on a Hopper GPU. As the first operand, B^T, rounded to TF32 on its way
+    through registers, it costs nothing extra, and a row-major A becomes the second
+    operand, A^T, with K contiguous as required. The accumulator holds a tile of C^T.
+    """
+    offs_m, offs_n, offs_am, offs_bn = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    bt_ptrs = b_ptr + offs_bn[:, None] * stride_bn + offs_k[None, :] * stride_bk  # [BN, BK]
+    at_ptrs = a_ptr + offs_k[:, None] * stride_ak + offs_am[None, :] * stride_am  # [BK, BM]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for _ in range(0, K // BLOCK_K):
+        bt = _round_to_tf32(tl.load(bt_ptrs))
+        acc = tl.dot(bt, tl.load(at_ptrs), acc, input_precision="tf32")
+        bt_ptrs += BLOCK_K * stride_bk
+        at_ptrs += BLOCK_K * stride_ak
+    k_left = K % BLOCK_K
+    if k_left > 0:
+        bt = _round_to_tf32(tl.load(bt_ptrs, mask=offs_k[None, :] < k_left, other=0.0))
+        at = tl.load(at_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(bt, at, acc, input_precision="tf32")
+    c_ptrs = c_ptr + offs_n[:, None] * stride_cn + offs_m[None, :] * stride_cm
+    _store(c_ptrs, acc, (offs_n[:, None] < N) & (offs_m[None, :] < M), ACTIVATION)
+
+
+@triton.jit
+def _round_to_tf32(x):
+    # round to nearest at TF32's 10 significand bits, as to_tf32 in lesson 05 does. Being
+    # computed rather than loaded is what sends the tile through registers; the tensor
+    # cores would otherwise cut the 13 low bits off, which is less accurate
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
 # the precision is in the key: a config that fits for exact fp32 can need more shared
 # memory than the GPU has as TF32
 matmul_kernel_autotuned = triton.autotune(
-    configs=_configs(), key=["M", "N", "K", "INPUT_PRECISION"]
+    configs=_configs(TILE_SHAPES), key=["M", "N", "K", "INPUT_PRECISION"]
 )(matmul_kernel)
+tf32_b_first_autotuned = triton.autotune(
+    configs=_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"]
+)(tf32_b_first_kernel)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> torch.Tensor:
@@ -146,22 +219,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
     if K == 0:
         return c.zero_()
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    if tf32:
-        # TF32 tensor-core instructions read both tiles with K contiguous; a B with N
-        # contiguous is transposed inside the kernel (measured on a Hopper GPU: a quarter
-        # the speed), so copy it K-major first
-        a, b = _aligned(a, contiguous_axis=1), _aligned(b, contiguous_axis=0)
+    # TF32 wants A with K contiguous, copied so if need be, and takes B either way: one with
+    # N contiguous goes to tf32_b_first_kernel
+    a = _aligned(a, contiguous_axis=1) if tf32 else _aligned(a)
+    b = _aligned(b)
+    meta = {"ACTIVATION": activation or ""}
+    if tf32 and b.stride(1) == 1 and b.stride(0) != 1:
+        kernel, autotuned = tf32_b_first_kernel, tf32_b_first_autotuned
     else:
-        a, b = _aligned(a), _aligned(b)
+        kernel, autotuned = matmul_kernel, matmul_kernel_autotuned
+        meta["INPUT_PRECISION"] = "tf32" if tf32 else "ieee"
     args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
-    meta = {"ACTIVATION": activation or "", "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
         cfg = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        matmul_kernel[grid](*args, **cfg, **meta)
+        kernel[grid](*args, **cfg, **meta)
     else:
         grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
-        matmul_kernel_autotuned[grid](*args, **meta)
+        autotuned[grid](*args, **meta)
     return c
 
 
