@@ -170,13 +170,17 @@ def test_matmul_edge_cases_and_errors():
 
 def _matmul_error(got, a, b):
     """|got - a @ b| over |a| @ |b| (Frobenius norms): the rounding errors against the size
-    of the terms they come from. Against |a @ b| the error has no bound where the terms
-    cancel: for a TF32 product of two matrices of repeated rows (rank one, each element a
-    multiple of the sum of a's row) one random draw came out 0.47 from the exact product,
-    and on another torch.matmul's own result was 3e-3 off."""
+    of the terms they come from. Where a row of the product nearly cancels (b with all
+    rows equal, say), |a @ b| can be tiny and no bound relative to it holds."""
     expected = a.double() @ b.double()
     scale = (a.double().abs() @ b.double().abs()).norm()
     return ((got.double() - expected).norm() / scale).item()
+
+
+def _to_tf32(x):
+    """x rounded to nearest at TF32's 10 significand bits, as the kernel rounds B."""
+    rounded = ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(x.isfinite(), rounded, x)
 
 
 @pytest.mark.parametrize("b_layout", ["row-major", "column-major"])
@@ -196,18 +200,36 @@ def _check_fp32_matmul(tf32, b_layout):
     bound = 2e-3 if tf32 else 1e-5
     # the last shape is past SMALL_PRODUCT: on a GPU it autotunes, non-square tiles included
     for m, n, k in [(61, 67, 71), (1, 37, 17), (37, 1, 23), (45, 53, 7), (128, 384, 352)]:
-        a = torch.randn(m, k, device=DEVICE)
+        # a already holds TF32 values, so that whatever the tensor cores do to it is exact
+        # and only the treatment of b shows
+        a = _to_tf32(torch.randn(m, k, device=DEVICE))
         b = torch.randn(k, n, device=DEVICE)
         if b_layout == "column-major":
             b = b.t().contiguous().t()
         got = matmul.matmul(a, b)
         assert _matmul_error(got, a, b) < bound, (m, n, k)
-        if tf32 and runtime.INTERPRETED and b_layout == "row-major" and n > 1:
-            # the interpreter multiplies in float32: only the rounding of B shows, and it
-            # must be to the nearest TF32 value, not a cut (a B of one column is K-major too)
-            bits = b.view(torch.int32)
-            b_tf32 = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-            assert _matmul_error(got, a, b_tf32) < 1e-6, (m, n, k)
+        relu = matmul.matmul(a, b, activation="relu")
+        assert torch.equal(relu, torch.relu(got)), (m, n, k)
+        if tf32 and b_layout == "row-major" and n > 1:
+            # b is rounded to the nearest TF32 value, not cut: a cut would be 4e-5 or more
+            # off (a b of one column is K-major too, and takes the plain kernel)
+            assert _matmul_error(got, a, _to_tf32(b)) < 1e-5, (m, n, k)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
+def test_matmul_keeps_nan_and_inf(tf32):
+    a = torch.randn(9, 40, device=DEVICE)
+    b = torch.randn(40, 24, device=DEVICE)
+    b.view(torch.int32)[3, 5] = 0x7FFFFFFF  # the NaN GPU arithmetic makes; +1 would carry
+    b[4, 7] = float("inf")
+    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
+    try:
+        got = matmul.matmul(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    expected = a.double() @ b.double()
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got.isinf(), expected.isinf())
 
 
 @pytest.mark.gpu

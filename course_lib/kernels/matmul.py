@@ -146,13 +146,15 @@ def tf32_b_first_kernel(
 ):  # fmt: skip
     """matmul_kernel for TF32 with a B whose N axis is contiguous, as C^T = B^T A^T.
 
-    TF32 tensor-core instructions read their second operand from shared memory with K
-    contiguous, and their first from shared memory likewise or from registers, where the
-    layout in memory no longer matters. As the second operand a row-major B would have
-    each tile transposed in shared memory by the compiler: a quarter of the speed,
-    measured on a Hopper GPU. As the first operand, B^T, rounded to TF32 on its way
-    through registers, it costs nothing extra, and a row-major A becomes the second
-    operand, A^T, with K contiguous as required. The accumulator holds a tile of C^T.
+    On a Hopper GPU the TF32 tensor-core instruction reads its second operand from shared
+    memory with K contiguous, and its first from shared memory likewise or from registers,
+    where the layout in memory no longer matters. As the second operand a row-major B
+    would have each tile transposed in shared memory by the compiler: a quarter of the
+    speed. As the first operand, B^T, rounded to TF32 on its way through registers, it
+    costs no measurable time, and a row-major A becomes the second operand, A^T, with K
+    contiguous as required. The accumulator holds a tile of C^T. The tensor cores still
+    cut A's low bits, so B's layout changes the last bits of a TF32 result. (Other GPUs
+    take this kernel too; it was measured on Hopper only.)
     """
     offs_m, offs_n, offs_am, offs_bn = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -175,11 +177,14 @@ def tf32_b_first_kernel(
 
 @triton.jit
 def _round_to_tf32(x):
-    # round to nearest at TF32's 10 significand bits, as to_tf32 in lesson 05 does. Being
-    # computed rather than loaded is what sends the tile through registers; the tensor
-    # cores would otherwise cut the 13 low bits off, which is less accurate
+    # round to nearest at TF32's 10 significand bits (ties away from zero), as to_tf32 in
+    # lesson 05 does; the tensor cores would cut the 13 low bits off, which is less
+    # accurate. Being computed rather than loaded is what sends the tile through
+    # registers (so triton 3.6 decides). Inf and NaN keep their bits: a carry out of a
+    # NaN's payload would turn it into 0 or inf
     bits = x.to(tl.uint32, bitcast=True)
-    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
 
 
 # the precision is in the key: a config that fits for exact fp32 can need more shared
