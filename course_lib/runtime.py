@@ -12,8 +12,10 @@ that suit the mode, ``gpu_only`` for steps only a GPU can do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import TypeVar
 
 import torch
@@ -71,6 +73,18 @@ def gpu_only(step: str) -> bool:
         print(f"⏭ {step} needs a GPU: skipped in the interpreter.")
         return False
     return True
+
+
+@contextlib.contextmanager
+def tf32(allowed: bool) -> Iterator[None]:
+    """Set torch.backends.cuda.matmul.allow_tf32, which torch.matmul and the finished
+    matmul both follow, for the `with` block; the previous value comes back after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def require_supported_dtype(dtype: torch.dtype, what: str) -> None:

@@ -186,16 +186,8 @@ def _to_tf32(x):
 @pytest.mark.parametrize("b_layout", ["row-major", "column-major"])
 @pytest.mark.parametrize("tf32", [False, True], ids=["ieee", "tf32"])
 def test_fp32_matmul_takes_b_in_either_layout(tf32, b_layout):
-    # with TF32 a row-major B goes first in the dot (C^T = B^T A^T), rounded on the way
-    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
-    try:
-        _check_fp32_matmul(tf32, b_layout)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def _check_fp32_matmul(tf32, b_layout):
-    # an error over the whole product (see _matmul_error): a GPU adds the K terms one after
+    # with TF32 a row-major B goes first in the dot (C^T = B^T A^T), rounded on the way.
+    # An error over the whole product (see _matmul_error): a GPU adds the K terms one after
     # another in float32, and on an element near zero that sum's rounding can pass any rtol
     bound = 2e-3 if tf32 else 1e-5
     # the last shape is past SMALL_PRODUCT: on a GPU it autotunes, non-square tiles included
@@ -206,9 +198,10 @@ def _check_fp32_matmul(tf32, b_layout):
         b = torch.randn(k, n, device=DEVICE)
         if b_layout == "column-major":
             b = b.t().contiguous().t()
-        got = matmul.matmul(a, b)
+        with runtime.tf32(tf32):
+            got = matmul.matmul(a, b)
+            relu = matmul.matmul(a, b, activation="relu")
         assert _matmul_error(got, a, b) < bound, (m, n, k)
-        relu = matmul.matmul(a, b, activation="relu")
         assert torch.equal(relu, torch.relu(got)), (m, n, k)
         if tf32 and b_layout == "row-major" and n > 1:
             # b is rounded to the nearest TF32 value, not cut: a cut would be 4e-5 or more
@@ -222,11 +215,8 @@ def test_matmul_keeps_nan_and_inf(tf32):
     b = torch.randn(40, 24, device=DEVICE)
     b.view(torch.int32)[3, 5] = 0x7FFFFFFF  # the NaN GPU arithmetic makes; +1 would carry
     b[4, 7] = float("inf")
-    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, tf32
-    try:
+    with runtime.tf32(tf32):
         got = matmul.matmul(a, b)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
     expected = a.double() @ b.double()
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got.isinf(), expected.isinf())
@@ -274,8 +264,6 @@ def test_matmul_edge_pieces_never_leak_on_gpu(precision):
     # multiple of 16 elements apart the kernel loads 16-byte pieces, and the piece that
     # straddles M or N reads NaN from the padding: none of it may reach the result.
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
 
     def layouts(rows, cols):
         """x [rows, cols] row-major, column-major, in NaN-padded rows and columns a
@@ -289,15 +277,12 @@ def test_matmul_edge_pieces_never_leak_on_gpu(precision):
         yield x[:1].expand(rows, cols)  # a row stride of 0
 
     tol = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5, "tf32": 2e-3}[precision]
-    try:
+    with runtime.tf32(precision == "tf32"):
         for m, n, k in [(61, 301, 77), (1, 301, 77), (61, 1, 77)]:
             for a in layouts(m, k):
                 for b in layouts(k, n):
-                    got = matmul.matmul(a, b).double()
-                    error = _matmul_error(got, a, b)
+                    error = _matmul_error(matmul.matmul(a, b), a, b)
                     assert error < tol, (m, n, k, a.stride(), b.stride(), error)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.mark.gpu

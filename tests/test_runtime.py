@@ -96,3 +96,12 @@ def test_dtype_errors_say_what_to_do():
     if runtime.INTERPRETED:
         with pytest.raises(TypeError, match="bfloat16 needs a GPU"):
             runtime.require_supported_dtype(torch.bfloat16, "op")
+
+
+def test_tf32_sets_the_flag_for_the_block_and_restores_it_after_an_error():
+    before = torch.backends.cuda.matmul.allow_tf32
+    with pytest.raises(KeyError):
+        with runtime.tf32(not before):
+            assert torch.backends.cuda.matmul.allow_tf32 is (not before)
+            raise KeyError
+    assert torch.backends.cuda.matmul.allow_tf32 is before

@@ -79,8 +79,7 @@ def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
         )
     # fp32 runs as TF32 on both sides, the fair fight on tensor cores; B comes row-major,
     # which the kernel puts first in its dot, and K-major, as a Linear layer's weight
-    saved, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, True
-    try:
+    with runtime.tf32(True):
         ceiling = None
         for b_k_major in (False, True):
             sweep = flops_sweep(
@@ -90,8 +89,6 @@ def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
             )  # fmt: skip
             ceiling = sweep.ceiling
             sweeps.append(sweep)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
     return sweeps
 
 
