@@ -232,6 +232,73 @@ def test_matmul_awkward_large_shape_on_gpu(dtype):
     assert error < 1e-2
 
 
+TMA_SHAPES = [(1, 8, 1), (5, 8, 3), (37, 96, 77), (70, 40, 130), (150, 232, 70)]
+needs_tma = pytest.mark.skipif(not matmul.tma_available(), reason="needs a TMA unit (Hopper)")
+
+
+@needs_tma
+@pytest.mark.parametrize("b_layout", ["row-major", "K-major"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tma_matmul_matches_float64(dtype, b_layout):
+    # N a multiple of 8 keeps C's rows 16 bytes apart, as the TMA unit needs; A and B are
+    # padded copies for the same reason. Tiles of 32 make every shape an edge case: smaller
+    # than a tile, prime sizes, several tiles in M and in K with a ragged last one
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "WARP_SPECIALIZE": False}
+    bound = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}[dtype]
+    for m, n, k in TMA_SHAPES:
+        a = matmul.padded_copy(torch.randn(m, k, device=DEVICE).to(dtype), contiguous_axis=1)
+        b = torch.randn(k, n, device=DEVICE).to(dtype)
+        b = matmul.padded_copy(b, contiguous_axis=1 if b_layout == "row-major" else 0)
+        c, relu = (torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype) for _ in "cr")
+        matmul.tma_matmul(a, b, c, config=config)
+        matmul.tma_matmul(a, b, relu, "relu", config=config)
+        assert _matmul_error(c, a, b) < bound, (m, n, k)
+        assert torch.equal(relu, torch.relu(c)), (m, n, k)
+
+
+@needs_tma
+def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
+    a = torch.randn(8, 7, device=DEVICE)  # rows 28 bytes apart
+    b = torch.randn(7, 8, device=DEVICE)
+    c = torch.empty(8, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"a \(strides \[7, 1\].*16 bytes apart"):
+        matmul.tma_matmul(a, b, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or matmul._capability(DEVICE) not in matmul.TMA_GPUS,
+    reason="needs a GPU in matmul.TMA_GPUS",
+)
+def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
+    calls = []
+    tma_matmul = matmul.tma_matmul
+    monkeypatch.setattr(
+        matmul, "tma_matmul", lambda *args, **kw: calls.append(1) or tma_matmul(*args, **kw)
+    )
+    m, n, k = 256, 520, 392  # past SMALL_PRODUCT, none a multiple of the large tiles
+    cases = [  # dtype, TF32 allowed, B K-major, N, whether tma_matmul_kernel takes it
+        (torch.float16, False, False, n, True),
+        (torch.bfloat16, False, True, n, True),
+        (torch.float32, True, True, n, True),
+        (torch.float32, True, False, n, False),  # tf32_b_first_kernel
+        (torch.float32, False, True, n, False),  # exact fp32: no tensor cores
+        (torch.float16, False, False, n + 1, False),  # C's rows 1042 bytes apart
+    ]
+    for dtype, tf32, b_k_major, cols, takes_tma in cases:
+        calls.clear()
+        a = torch.randn(m, k, device=DEVICE).to(dtype)
+        b = (
+            torch.randn(cols, k, device=DEVICE).to(dtype).t()
+            if b_k_major
+            else torch.randn(k, cols, device=DEVICE).to(dtype)
+        )
+        with runtime.tf32(tf32):
+            got = matmul.matmul(a, b)
+        assert bool(calls) == takes_tma, (dtype, tf32, b_k_major, cols)
+        assert _matmul_error(got, a, b) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
 @pytest.mark.parametrize("contiguous_axis", [0, 1])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
 def test_padded_copy_keeps_the_values_and_pads_the_rows(layout, contiguous_axis):

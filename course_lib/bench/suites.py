@@ -77,6 +77,13 @@ def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
         sweeps.append(
             flops_sweep("matmul", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES, dtype=dtype)
         )
+    # a K-major B is how a Linear layer's weight arrives: x @ W.t()
+    sweeps.append(
+        flops_sweep(
+            "matmul (B K-major)", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES,
+            dtype=torch.float16, ceiling_tflops=sweeps[0].ceiling, b_k_major=True,
+        )
+    )  # fmt: skip
     # fp32 runs as TF32 on both sides, the fair fight on tensor cores; B comes row-major,
     # which the kernel puts first in its dot, and K-major, as a Linear layer's weight
     with runtime.tf32(True):

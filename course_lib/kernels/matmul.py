@@ -5,13 +5,18 @@ Each program computes one BLOCK_M x BLOCK_N tile of C, walking K in steps of BLO
 Programs are numbered so that GROUP_M consecutive ones share column tiles of B and
 row tiles of A while those are still in L2. TF32 with a row-major B takes a second kernel,
 tf32_b_first_kernel, which computes C^T = B^T A^T to suit the tensor cores (see there).
+On Hopper GPUs large products go to a third, tma_matmul_kernel: persistent, its tiles
+moved by the TMA unit (see there and _tma_suits).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.interpreter_guard import span
@@ -52,6 +57,22 @@ B_FIRST_TILE_SHAPES = [
     (128, 64, 32, 4, 4),
     (64, 128, 32, 4, 4),
 ]
+
+# tma_matmul_kernel on Hopper, the best of a search: BLOCK_M, BLOCK_N, BLOCK_K, stages, warps
+# and whether to specialise warps; 128 x 256 tiles for large products, smaller ones for
+# 1024^3, BLOCK_K = 32 for TF32
+TMA_TILE_SHAPES = [
+    (128, 256, 64, 4, 8, False),
+    (128, 256, 64, 3, 8, True),
+    (128, 128, 64, 4, 8, False),
+    (128, 64, 64, 4, 4, False),
+    (128, 256, 32, 3, 8, False),
+    (128, 256, 32, 3, 8, True),
+    (128, 128, 32, 4, 8, False),
+    (128, 64, 32, 4, 4, False),
+]
+# the GPUs (compute capability) where tma_matmul_kernel was measured and takes over
+TMA_GPUS = {(9, 0)}
 
 
 def _configs(shapes: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
@@ -103,16 +124,7 @@ def matmul_kernel(
 @triton.jit
 def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """This program's rows and columns of C, and the same offsets made safe to load."""
-    # grouped order: walk GROUP_M row tiles down one column of tiles before moving right
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    programs_per_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // programs_per_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % programs_per_group) % group_size_m
-    pid_n = (pid % programs_per_group) // group_size_m
-
+    pid_m, pid_n = _grouped(tl.program_id(axis=0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     # rows past M and columns past N read row or column 0 instead of being masked: their
@@ -128,6 +140,20 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
     offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     return offs_m, offs_n, offs_am, offs_bn
+
+
+@triton.jit
+def _grouped(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The row and column of C's tiles where tile number `tile` lies, in grouped order:
+    GROUP_M row tiles are walked down one column of tiles before moving right."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile // tiles_per_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile % tiles_per_group) % group_size_m
+    pid_n = (tile % tiles_per_group) // group_size_m
+    return pid_m, pid_n
 
 
 @triton.jit
@@ -175,16 +201,75 @@ def tf32_b_first_kernel(
     _store(c_ptrs, acc, (offs_n[:, None] < N) & (offs_m[None, :] < M), ACTIVATION)
 
 
+# the interpreter runs no PTX: _round_to_tf32 does the same in integer operations there
+_PTX = tl.constexpr(not runtime.INTERPRETED)
+
+
 @triton.jit
 def _round_to_tf32(x):
     # round to nearest at TF32's 10 significand bits (ties away from zero), as to_tf32 in
     # lesson 05 does; the tensor cores would cut the 13 low bits off, which is less
     # accurate. Being computed rather than loaded is what sends the tile through
-    # registers (so triton 3.6 decides). Inf and NaN keep their bits: a carry out of a
-    # NaN's payload would turn it into 0 or inf
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
-    return tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
+    # registers (so triton 3.6 decides).
+    if _PTX:
+        # one instruction per element, which keeps inf and NaN; the integer version below
+        # costs the kernel several percent
+        rounded = tl.inline_asm_elementwise(
+            "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        # inf and NaN keep their bits: a carry out of a NaN's payload would make 0 or inf
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        rounded = tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
+    return rounded
+
+
+@triton.jit
+def tma_matmul_kernel(
+    a_desc, b_desc, c_desc, M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """matmul_kernel rebuilt for Hopper GPUs: persistent, with tiles moved by the TMA engine.
+
+    The grid has one program per SM (NUM_SMS), each walking C's tiles in steps of NUM_SMS
+    in grouped order, so no SM idles waiting for a new program to start. The descriptors
+    carry shapes and strides: the TMA unit copies whole tiles into shared memory on its
+    own, fills what lies past an edge with zeros and clips stores at the edges, so the
+    kernel needs no pointers and no masks. A row-major B is loaded as [BLOCK_K, BLOCK_N]
+    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T. `flatten` merges
+    the two loops so loads for the next tile start while this one finishes; with
+    WARP_SPECIALIZE some warps only load while the others compute.
+    """
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(
+        tl.program_id(axis=0), num_tiles, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = _grouped(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row, col = pid_m * BLOCK_M, pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([row, k])
+            b = b_desc.load([col, k]).T if B_K_MAJOR else b_desc.load([k, col])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if ACTIVATION == "relu":
+            acc = tl.maximum(acc, 0.0)
+        # stored in two halves [BLOCK_M, BLOCK_N // 2]: a store goes through shared memory,
+        # and a whole 128 x 256 tile there would leave too little room for the loads
+        halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
+        left, right = tl.split(halves)
+        c_desc.store([row, col], left.to(c_desc.dtype))
+        c_desc.store([row, col + BLOCK_N // 2], right.to(c_desc.dtype))
+
+
+def _set_block_shapes(args: dict) -> None:
+    """Make the descriptors' tile shapes those of the config about to run."""
+    block_m, block_n, block_k = args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_K"]
+    args["a_desc"].block_shape = [block_m, block_k]
+    args["b_desc"].block_shape = [block_n, block_k] if args["B_K_MAJOR"] else [block_k, block_n]
+    args["c_desc"].block_shape = [block_m, block_n // 2]
 
 
 # the precision is in the key: a config that fits for exact fp32 can need more shared
@@ -195,6 +280,16 @@ matmul_kernel_autotuned = triton.autotune(
 tf32_b_first_autotuned = triton.autotune(
     configs=_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"]
 )(tf32_b_first_kernel)
+tma_matmul_autotuned = triton.autotune(
+    configs=[
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "WARP_SPECIALIZE": ws},
+            num_stages=s, num_warps=w, pre_hook=_set_block_shapes,
+        )
+        for m, n, k, s, w, ws in TMA_TILE_SHAPES
+    ],
+    key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION"],
+)(tma_matmul_kernel)  # fmt: skip
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> torch.Tensor:
@@ -229,6 +324,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
     a = _aligned(a, contiguous_axis=1) if tf32 else _aligned(a)
     b = _aligned(b)
     meta = {"ACTIVATION": activation or ""}
+    if M * N * K > SMALL_PRODUCT and _tma_suits(a, b, c, tf32):
+        tma_matmul(a, b, c, activation, input_precision="tf32" if tf32 else "ieee")
+        return c
     if tf32 and b.stride(1) == 1 and b.stride(0) != 1:
         kernel, autotuned = tf32_b_first_kernel, tf32_b_first_autotuned
     else:
@@ -243,6 +341,86 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
         grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
         autotuned[grid](*args, **meta)
     return c
+
+
+def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
+    """Whether tma_matmul_kernel takes this product: on the GPUs in TMA_GPUS, for fp16 and
+    bf16, and for TF32 with a K-major B only (TF32 reads both tiles K-major from shared
+    memory; a row-major B goes to tf32_b_first_kernel), with A's K axis contiguous and
+    every matrix meeting the TMA unit's rules: 16-byte aligned, rows too."""
+    if runtime.INTERPRETED or _capability(a.device) not in TMA_GPUS:
+        return False
+    if a.dtype == torch.float32 and not (tf32 and _by_rows(b) is not b):
+        return False
+    return all(_tma_ready(t) for t in (a, _by_rows(b), c))
+
+
+def _by_rows(b: torch.Tensor) -> torch.Tensor:
+    """b as the TMA unit reads it: itself when row-major, b^T [N, K] when K-major."""
+    return b.t() if b.stride(0) == 1 and b.stride(1) != 1 else b
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """The TMA unit's rules: rows contiguous, 16 bytes apart or a multiple of that, from a
+    16-byte aligned start."""
+    return t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def tma_available() -> bool:
+    """Whether tma_matmul can run here: in the interpreter, or on a GPU with a TMA unit
+    (compute capability 9.0, Hopper, or later)."""
+    return runtime.INTERPRETED or _capability(runtime.DEVICE) >= (9, 0)
+
+
+def tma_matmul(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None = None,
+    input_precision: str = "ieee", config: dict | None = None,
+) -> None:  # fmt: skip
+    """c = a @ b through tma_matmul_kernel: autotuned, or with `config` (BLOCK_M, BLOCK_N,
+    BLOCK_K, GROUP_M, WARP_SPECIALIZE). a and c need their last axis contiguous, b either
+    axis, each with rows a multiple of 16 bytes apart from a 16-byte aligned start (the TMA
+    unit's rules). Shapes and dtypes are not checked here: matmul checks them."""
+    if not tma_available():
+        raise RuntimeError(
+            "tma_matmul needs a GPU with a TMA unit (Hopper or later) or the interpreter; "
+            "use matmul, which picks the kernel that suits the GPU"
+        )
+    for name, t in (("a", a), ("b", _by_rows(b)), ("c", c)):
+        if not _tma_ready(t):
+            raise ValueError(
+                f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks the TMA "
+                "unit's rules: its last axis contiguous (b: either axis), rows a multiple of "
+                "16 bytes apart, start 16-byte aligned; padded_copy makes such a copy"
+            )
+    b_k_major = _by_rows(b) is not b
+    placeholder = [16, 16]  # the tile shapes are the config's, set by _set_block_shapes
+    args = {
+        "a_desc": TensorDescriptor.from_tensor(a, placeholder),
+        "b_desc": TensorDescriptor.from_tensor(_by_rows(b), placeholder),
+        "c_desc": TensorDescriptor.from_tensor(c, placeholder),
+    }
+    (M, K), N = a.shape, b.shape[1]
+    num_sms = 4 if runtime.INTERPRETED else _sm_count(a.device)
+    meta = dict(
+        NUM_SMS=num_sms, B_K_MAJOR=b_k_major, ACTIVATION=activation or "",
+        INPUT_PRECISION=input_precision,
+    )  # fmt: skip
+    grid = lambda m: (min(num_sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+    if config is None:
+        tma_matmul_autotuned[grid](*args.values(), M, N, K, **meta)
+    else:
+        _set_block_shapes({**args, **config, **meta})
+        tma_matmul_kernel[grid(config)](*args.values(), M, N, K, **config, **meta)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tensor:
