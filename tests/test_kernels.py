@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import triton
 
 from course_lib import DEVICE, references, runtime
 from course_lib.checks.tolerances import tolerance_for
@@ -256,20 +257,83 @@ def test_tma_matmul_matches_float64(dtype, b_layout):
         assert torch.equal(relu, torch.relu(c)), (m, n, k)
 
 
+@pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's fixed config")
+def test_tma_matmul_runs_without_a_config_in_the_interpreter():
+    a = matmul.padded_copy(torch.randn(70, 45), contiguous_axis=1)
+    b = torch.randn(45, 40)
+    c = torch.empty(70, 40)
+    matmul.tma_matmul(a, b, c)
+    assert _matmul_error(c, a, b) < 1e-5
+
+
 @needs_tma
 def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
     a = torch.randn(8, 7, device=DEVICE)  # rows 28 bytes apart
     b = torch.randn(7, 8, device=DEVICE)
     c = torch.empty(8, 8, device=DEVICE)
-    with pytest.raises(ValueError, match=r"a \(strides \[7, 1\].*16 bytes apart"):
+    with pytest.raises(ValueError, match=r"a \(strides \[7, 1\].*multiple of 16 bytes apart"):
         matmul.tma_matmul(a, b, c)
+    with pytest.raises(ValueError, match=r"b \(strides \[8, 1\].*16-byte aligned address"):
+        matmul.tma_matmul(a[:, :4].contiguous(), torch.randn(33, device=DEVICE)[1:].view(4, 8), c)
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        matmul.tma_matmul(a[:, :4].contiguous(), b[:4], c, "gelu")
+
+
+def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
+    # the routing rule alone, as on a Hopper GPU; no kernel runs
+    monkeypatch.setattr(runtime, "INTERPRETED", False)
+    monkeypatch.setattr(matmul, "_capability", lambda device: (9, 0))
+    f16 = torch.float16
+
+    def suits(a, b, c=None, tf32=False):
+        c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype) if c is None else c
+        return matmul._tma_suits(a, b, c, tf32)
+
+    a, b = torch.randn(64, 48).to(f16), torch.randn(48, 32).to(f16)
+    assert suits(a, b) and suits(a, b.t().contiguous().t())  # B row-major or K-major
+    assert not suits(a.t().contiguous().t(), b)  # A column-major
+    assert not suits(torch.randn(64, 49).to(f16)[:, 1:], b)  # starts 2 bytes in
+    assert not suits(a, b[:1].expand(48, 32))  # rows on top of each other
+    assert not suits(a, torch.randn(48, 36).to(f16))  # C's rows 72 bytes apart
+    a32, b32 = torch.randn(64, 48), torch.randn(48, 32)
+    assert suits(a32, b32.t().contiguous().t(), tf32=True)  # TF32, B K-major
+    assert not suits(a32, b32, tf32=True)  # TF32, B row-major: tf32_b_first_kernel
+    assert not suits(a32, b32.t().contiguous().t())  # exact fp32: no tensor cores
+    monkeypatch.setattr(matmul, "_capability", lambda device: (8, 0))
+    assert not suits(a, b)
+
+
+on_tma_gpu = pytest.mark.skipif(
+    runtime.MODE != "gpu" or matmul._capability(DEVICE) not in matmul.TMA_GPUS,
+    reason="needs a GPU in matmul.TMA_GPUS",
+)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or matmul._capability(DEVICE) not in matmul.TMA_GPUS,
-    reason="needs a GPU in matmul.TMA_GPUS",
-)
+@on_tma_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # bf16 compiles as fp16
+def test_every_tma_config_compiles_and_matches(dtype):
+    # the autotuner keeps whichever config wins; each must be right, warp-specialised or
+    # not, on awkward shapes: one row and K of 1, primes, several tiles with ragged edges
+    # (a config that needs more shared memory than the GPU has, the autotuner skips too)
+    precision = "tf32" if dtype == torch.float32 else "ieee"
+    for m, n, k, stages, warps, specialize in matmul.TMA_TILE_SHAPES:
+        tiles = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
+        launch = {"WARP_SPECIALIZE": specialize, "num_stages": stages, "num_warps": warps}
+        for rows, cols, depth in [(1, 8, 1), (37, 96, 77), (300, 1000, 260)]:
+            a = matmul.padded_copy(torch.randn(rows, depth, device=DEVICE).to(dtype), 1)
+            b = matmul.padded_copy(torch.randn(cols, depth, device=DEVICE).to(dtype), 1).t()
+            c = torch.full((rows, cols), float("nan"), device=DEVICE, dtype=dtype)
+            try:
+                matmul.tma_matmul(a, b, c, input_precision=precision, config=tiles | launch)
+            except triton.runtime.errors.OutOfResources:
+                assert dtype == torch.float32 and k == 64, (tiles, launch)
+                break
+            assert _matmul_error(c, a, b) < 2e-3, (tiles, launch, rows, cols, depth)
+
+
+@pytest.mark.gpu
+@on_tma_gpu
 def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
     calls = []
     tma_matmul = matmul.tma_matmul

@@ -201,8 +201,9 @@ def tf32_b_first_kernel(
     _store(c_ptrs, acc, (offs_n[:, None] < N) & (offs_m[None, :] < M), ACTIVATION)
 
 
-# the interpreter runs no PTX: _round_to_tf32 does the same in integer operations there
-_PTX = tl.constexpr(not runtime.INTERPRETED)
+# cvt.rna.tf32.f32 needs compute capability 8.0; the interpreter runs no PTX at all.
+# Elsewhere _round_to_tf32 does the same in integer operations
+_PTX = tl.constexpr(not runtime.INTERPRETED and torch.cuda.get_device_capability() >= (8, 0))
 
 
 @triton.jit
@@ -230,7 +231,7 @@ def tma_matmul_kernel(
     a_desc, b_desc, c_desc, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     """matmul_kernel rebuilt for Hopper GPUs: persistent, with tiles moved by the TMA engine.
 
@@ -239,14 +240,17 @@ def tma_matmul_kernel(
     carry shapes and strides: the TMA unit copies whole tiles into shared memory on its
     own, fills what lies past an edge with zeros and clips stores at the edges, so the
     kernel needs no pointers and no masks. A row-major B is loaded as [BLOCK_K, BLOCK_N]
-    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T. `flatten` merges
-    the two loops so loads for the next tile start while this one finishes; with
-    WARP_SPECIALIZE some warps only load while the others compute.
+    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T. Either WARP_SPECIALIZE,
+    some warps only loading while the others compute, or `flatten`, the two loops merged
+    so that loads for the next tile start while this one finishes: Hopper's compiler does
+    not promise both at once. DTYPE is there for the autotuner's key only: descriptors do
+    not show it their dtype, and fp32 tiles need twice the shared memory of fp16 ones.
     """
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(
-        tl.program_id(axis=0), num_tiles, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE
-    ):
+        tl.program_id(axis=0), num_tiles, NUM_SMS,
+        flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE,
+    ):  # fmt: skip
         pid_m, pid_n = _grouped(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         row, col = pid_m * BLOCK_M, pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -288,7 +292,7 @@ tma_matmul_autotuned = triton.autotune(
         )
         for m, n, k, s, w, ws in TMA_TILE_SHAPES
     ],
-    key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION"],
+    key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
 )(tma_matmul_kernel)  # fmt: skip
 
 
@@ -361,9 +365,18 @@ def _by_rows(b: torch.Tensor) -> torch.Tensor:
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
-    """The TMA unit's rules: rows contiguous, 16 bytes apart or a multiple of that, from a
-    16-byte aligned start."""
-    return t.stride(1) == 1 and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0
+    return _tma_rule_broken(t) is None
+
+
+def _tma_rule_broken(t: torch.Tensor) -> str | None:
+    """Which of the TMA unit's rules the 2-D `t` breaks, if any."""
+    if t.stride(1) != 1:
+        return "its last axis must be contiguous (b: either axis)"
+    if t.stride(0) < t.shape[1] or t.stride(0) * t.element_size() % 16 != 0:
+        return "its rows must not overlap and must lie a multiple of 16 bytes apart"
+    if t.data_ptr() % 16 != 0:
+        return "it must start at a 16-byte aligned address"
+    return None
 
 
 @functools.cache
@@ -381,21 +394,26 @@ def tma_matmul(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None = None,
     input_precision: str = "ieee", config: dict | None = None,
 ) -> None:  # fmt: skip
-    """c = a @ b through tma_matmul_kernel: autotuned, or with `config` (BLOCK_M, BLOCK_N,
-    BLOCK_K, GROUP_M, WARP_SPECIALIZE). a and c need their last axis contiguous, b either
-    axis, each with rows a multiple of 16 bytes apart from a 16-byte aligned start (the TMA
-    unit's rules). Shapes and dtypes are not checked here: matmul checks them."""
+    """c = a @ b through tma_matmul_kernel: autotuned on a GPU, or with `config` (BLOCK_M,
+    BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and num_stages).
+    a and c need their last axis contiguous, b either axis, each with rows a multiple of
+    16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
+    _tma_rule_broken). Shapes and dtypes are not checked here: matmul checks them."""
     if not tma_available():
         raise RuntimeError(
             "tma_matmul needs a GPU with a TMA unit (Hopper or later) or the interpreter; "
             "use matmul, which picks the kernel that suits the GPU"
         )
+    if activation not in (None, "relu") or input_precision not in ("ieee", "tf32"):
+        raise ValueError(
+            "tma_matmul: activation must be None or 'relu' and input_precision 'ieee' or "
+            f"'tf32'; got {activation!r} and {input_precision!r}"
+        )
     for name, t in (("a", a), ("b", _by_rows(b)), ("c", c)):
-        if not _tma_ready(t):
+        if rule := _tma_rule_broken(t):
             raise ValueError(
-                f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks the TMA "
-                "unit's rules: its last axis contiguous (b: either axis), rows a multiple of "
-                "16 bytes apart, start 16-byte aligned; padded_copy makes such a copy"
+                f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks a rule of "
+                f"the TMA unit: {rule}; padded_copy makes a copy that follows them all"
             )
     b_k_major = _by_rows(b) is not b
     placeholder = [16, 16]  # the tile shapes are the config's, set by _set_block_shapes
@@ -408,9 +426,11 @@ def tma_matmul(
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.device)
     meta = dict(
         NUM_SMS=num_sms, B_K_MAJOR=b_k_major, ACTIVATION=activation or "",
-        INPUT_PRECISION=input_precision,
+        INPUT_PRECISION=input_precision, DTYPE=str(a.dtype),
     )  # fmt: skip
     grid = lambda m: (min(num_sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+    if config is None and runtime.INTERPRETED:  # nothing to time there
+        config = {**INTERPRETER_CONFIG, "WARP_SPECIALIZE": False}
     if config is None:
         tma_matmul_autotuned[grid](*args.values(), M, N, K, **meta)
     else:
