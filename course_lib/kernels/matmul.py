@@ -59,8 +59,8 @@ B_FIRST_TILE_SHAPES = [
 ]
 
 # tma_matmul_kernel on Hopper, the best of a search: BLOCK_M, BLOCK_N, BLOCK_K, stages, warps
-# and whether to specialise warps; 128 x 256 tiles for large products, smaller ones for
-# 1024^3, BLOCK_K = 32 for TF32
+# and whether to specialise warps; 128 x 256 tiles for large products, 128 x 64 for 1024^3,
+# BLOCK_K = 32 ones for fp32, whose large tiles need it to fit in shared memory
 TMA_TILE_SHAPES = [
     (128, 256, 64, 4, 8, False),
     (128, 256, 64, 3, 8, True),
