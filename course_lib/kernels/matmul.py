@@ -75,13 +75,17 @@ TMA_TILE_SHAPES = [
 TMA_GPUS = {(9, 0)}
 
 
-def _configs(shapes: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+def _configs(shapes: list[tuple], pre_hook=None) -> list[triton.Config]:
+    """Autotune configs from (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps) and, in
+    TMA_TILE_SHAPES, a sixth entry: WARP_SPECIALIZE."""
     return [
         triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
+            | dict(zip(["WARP_SPECIALIZE"], specialize)),
+            num_stages=s, num_warps=w, pre_hook=pre_hook,
         )
-        for m, n, k, s, w in shapes
-    ]
+        for m, n, k, s, w, *specialize in shapes
+    ]  # fmt: skip
 
 
 @triton.jit
@@ -285,15 +289,9 @@ tf32_b_first_autotuned = triton.autotune(
     configs=_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"]
 )(tf32_b_first_kernel)
 tma_matmul_autotuned = triton.autotune(
-    configs=[
-        triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "WARP_SPECIALIZE": ws},
-            num_stages=s, num_warps=w, pre_hook=_set_block_shapes,
-        )
-        for m, n, k, s, w, ws in TMA_TILE_SHAPES
-    ],
+    configs=_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
     key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
-)(tma_matmul_kernel)  # fmt: skip
+)(tma_matmul_kernel)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> torch.Tensor:
@@ -354,14 +352,19 @@ def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) ->
     every matrix meeting the TMA unit's rules: 16-byte aligned, rows too."""
     if runtime.INTERPRETED or _capability(a.device) not in TMA_GPUS:
         return False
-    if a.dtype == torch.float32 and not (tf32 and _by_rows(b) is not b):
+    if a.dtype == torch.float32 and not (tf32 and _column_major(b)):
         return False
     return all(_tma_ready(t) for t in (a, _by_rows(b), c))
 
 
+def _column_major(t: torch.Tensor) -> bool:
+    """Whether the 2-D `t` has its first axis contiguous and not its last: K-major, for b."""
+    return t.stride(0) == 1 and t.stride(1) != 1
+
+
 def _by_rows(b: torch.Tensor) -> torch.Tensor:
     """b as the TMA unit reads it: itself when row-major, b^T [N, K] when K-major."""
-    return b.t() if b.stride(0) == 1 and b.stride(1) != 1 else b
+    return b.t() if _column_major(b) else b
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
@@ -409,23 +412,23 @@ def tma_matmul(
             "tma_matmul: activation must be None or 'relu' and input_precision 'ieee' or "
             f"'tf32'; got {activation!r} and {input_precision!r}"
         )
-    for name, t in (("a", a), ("b", _by_rows(b)), ("c", c)):
+    b_rows = _by_rows(b)
+    for name, t in (("a", a), ("b", b_rows), ("c", c)):
         if rule := _tma_rule_broken(t):
             raise ValueError(
                 f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks a rule of "
                 f"the TMA unit: {rule}; padded_copy makes a copy that follows them all"
             )
-    b_k_major = _by_rows(b) is not b
     placeholder = [16, 16]  # the tile shapes are the config's, set by _set_block_shapes
     args = {
         "a_desc": TensorDescriptor.from_tensor(a, placeholder),
-        "b_desc": TensorDescriptor.from_tensor(_by_rows(b), placeholder),
+        "b_desc": TensorDescriptor.from_tensor(b_rows, placeholder),
         "c_desc": TensorDescriptor.from_tensor(c, placeholder),
     }
     (M, K), N = a.shape, b.shape[1]
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.device)
     meta = dict(
-        NUM_SMS=num_sms, B_K_MAJOR=b_k_major, ACTIVATION=activation or "",
+        NUM_SMS=num_sms, B_K_MAJOR=b_rows is not b, ACTIVATION=activation or "",
         INPUT_PRECISION=input_precision, DTYPE=str(a.dtype),
     )  # fmt: skip
     grid = lambda m: (min(num_sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
@@ -456,7 +459,7 @@ def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tenso
     the kernel's offsets are 32-bit.
     """
     if contiguous_axis is None:
-        contiguous_axis = 0 if t.stride(0) == 1 and t.stride(1) != 1 else 1
+        contiguous_axis = 0 if _column_major(t) else 1
     if span(t.shape, t.stride()) < 2**31 and (
         runtime.INTERPRETED  # nothing to gain there, and the copies cost time
         or (t.stride(contiguous_axis) == 1 and t.stride(1 - contiguous_axis) % 16 == 0)
