@@ -45,6 +45,12 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _MARKER = re.compile(r"^(\s*)### (BEGIN|END) SOLUTION\s*$")
 
 
+def is_appendix(path: Path) -> bool:
+    """An optional appendix to a lesson, such as 05b_matmul_on_hopper.ipynb: read and run,
+    with no exercise to build or grade."""
+    return re.match(r"\d+[a-z]_", path.name) is not None
+
+
 class BuildError(ValueError):
     """A solution notebook breaks the rules above; the message says where."""
 

@@ -61,8 +61,9 @@ def by_mode(*, gpu: T, interpreter: T) -> T:
     return interpreter if INTERPRETED else gpu
 
 
-def gpu_only(step: str) -> bool:
-    """True on a GPU. In the interpreter, print one line saying `step` is skipped.
+def gpu_only(step: str, capability: tuple[int, int] | None = None) -> bool:
+    """True on a GPU (of at least this compute capability, if given). Otherwise print one
+    line saying `step` is skipped, and return False.
 
     Use it to guard timing and autotuning::
 
@@ -71,6 +72,13 @@ def gpu_only(step: str) -> bool:
     """
     if INTERPRETED:
         print(f"⏭ {step} needs a GPU: skipped in the interpreter.")
+        return False
+    if capability is not None and torch.cuda.get_device_capability() < capability:
+        have = ".".join(map(str, torch.cuda.get_device_capability()))
+        print(
+            f"⏭ {step} needs a GPU of compute capability {capability[0]}.{capability[1]} or "
+            f"later; this one is {have}: skipped."
+        )
         return False
     return True
 

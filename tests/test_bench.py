@@ -41,13 +41,33 @@ def test_sweep_ratios_and_table():
     assert "copy bandwidth 3,000 GB/s" in table
 
 
-def test_launch_column_when_measured():
+def test_launch_and_do_bench_columns_when_measured():
     sweep = _fake_sweep()
-    sweep.launch_us = {"kernel": [21.4, 30.0], "torch": [7.6, 8.2]}
+    sweep.do_bench = {"kernel": [0.010, 0.2], "torch": [0.009, 0.21]}  # ms
+    sweep.launch_us = {"kernel": [21.4, 30.0], "bare": [20.0, 20.0], "torch": [7.6, 8.2]}
     table = sweep.table()
-    assert "| kernel/ceiling | launch µs, kernel / torch |" in table
-    assert "| 2^20 | 1,500 | 1,600 | 0.938 | 0.500 | 21 / 8 |" in table
+    assert "| kernel/torch | do_bench kernel/torch | kernel/ceiling |" in table
+    assert "| launch µs, kernel / bare / torch |" in table
+    assert "| 2^20 | 1,500 | 1,600 | 0.938 | 0.900 | 0.500 | 21.4 / 20.0 / 7.6 |" in table
     assert sweep.rows()[1]["kernel launch us"] == 30.0
+    # the launch target holds at 2^20 (1.07x the bare launch), not at 2^28 (1.5x)
+    assert "- target launch µs ≤ 1.3× the bare launch: missed at 2^28 (1.50×)" in table
+
+
+def test_targets_name_the_points_and_timings_that_miss():
+    sweep = _fake_sweep()
+    sweep.do_bench = {"kernel": [0.010, 0.2], "torch": [0.009, 0.21]}
+    sweep.targets = [
+        bench.Target("torch", 0.98, lambda n: n >= 1 << 20, "from 2^20 up"),
+        bench.Target("torch", 1.0, lambda n: n == 1 << 28, "at 2^28"),
+        bench.Target("torch", 0.5, lambda n: n > 1 << 30, "past 2^30"),  # no such point
+    ]
+    assert sweep.verdicts() == [
+        "target kernel/torch ≥ 0.98 from 2^20 up: missed at 2^20 (0.938, median_ms), "
+        "2^20 (0.900, do_bench)",
+        "target kernel/torch ≥ 1.0 at 2^28: met",
+    ]
+    assert "- target kernel/torch ≥ 1.0 at 2^28: met" in sweep.table()
 
 
 def test_shapes_label_and_extra_baselines():
@@ -96,6 +116,9 @@ def test_small_sweep_on_gpu(tmp_path):
     )
     assert len(sweep.rows()) == 2
     assert all(0 < r["kernel/ceiling"] < 1.5 for r in sweep.rows())
+    assert all(0 < r["do_bench kernel/torch"] < 3 for r in sweep.rows())
+    # the kernel's launcher, its bare launch (one add_kernel) and torch were all timed
+    assert all(0 < r[f"{name} launch us"] < 1000 for r in sweep.rows() for name in sweep.launch_us)
 
 
 @pytest.mark.gpu

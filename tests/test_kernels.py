@@ -1,5 +1,7 @@
 """Finished kernels against their references: every size, dtype and error path."""
 
+import math
+
 import pytest
 import torch
 import triton
@@ -80,6 +82,7 @@ def test_large_sizes_on_gpu(n):
 # --- lessons 03-05 ------------------------------------------------------------------------
 
 from course_lib.kernels import add_2d, matmul, softmax  # noqa: E402
+from course_lib.kernels import matmul_fast_paths as fast  # noqa: E402
 
 SHAPES_2D = [(1, 1), (1, 1000), (1000, 1), (37, 61), (130, 257)]
 
@@ -234,7 +237,7 @@ def test_matmul_awkward_large_shape_on_gpu(dtype):
 
 
 TMA_SHAPES = [(1, 8, 1), (5, 8, 3), (37, 96, 77), (70, 40, 130), (150, 232, 70)]
-needs_tma = pytest.mark.skipif(not matmul.tma_available(), reason="needs a TMA unit (Hopper)")
+needs_tma = pytest.mark.skipif(not fast.tma_available(), reason="needs a TMA unit (Hopper)")
 
 
 @needs_tma
@@ -247,22 +250,22 @@ def test_tma_matmul_matches_float64(dtype, b_layout):
     config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "WARP_SPECIALIZE": False}
     bound = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}[dtype]
     for m, n, k in TMA_SHAPES:
-        a = matmul.padded_copy(torch.randn(m, k, device=DEVICE).to(dtype), contiguous_axis=1)
+        a = fast.padded_copy(torch.randn(m, k, device=DEVICE).to(dtype), contiguous_axis=1)
         b = torch.randn(k, n, device=DEVICE).to(dtype)
-        b = matmul.padded_copy(b, contiguous_axis=1 if b_layout == "row-major" else 0)
+        b = fast.padded_copy(b, contiguous_axis=1 if b_layout == "row-major" else 0)
         c, relu = (torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype) for _ in "cr")
-        matmul.tma_matmul(a, b, c, config=config)
-        matmul.tma_matmul(a, b, relu, "relu", config=config)
+        fast.tma_matmul(a, b, c, config=config)
+        fast.tma_matmul(a, b, relu, "relu", config=config)
         assert _matmul_error(c, a, b) < bound, (m, n, k)
         assert torch.equal(relu, torch.relu(c)), (m, n, k)
 
 
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's fixed config")
 def test_tma_matmul_runs_without_a_config_in_the_interpreter():
-    a = matmul.padded_copy(torch.randn(70, 45), contiguous_axis=1)
+    a = fast.padded_copy(torch.randn(70, 45), contiguous_axis=1)
     b = torch.randn(45, 40)
     c = torch.empty(70, 40)
-    matmul.tma_matmul(a, b, c)
+    fast.tma_matmul(a, b, c)
     assert _matmul_error(c, a, b) < 1e-5
 
 
@@ -272,22 +275,22 @@ def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
     b = torch.randn(7, 8, device=DEVICE)
     c = torch.empty(8, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"a \(strides \[7, 1\].*multiple of 16 bytes apart"):
-        matmul.tma_matmul(a, b, c)
+        fast.tma_matmul(a, b, c)
     with pytest.raises(ValueError, match=r"b \(strides \[8, 1\].*16-byte aligned address"):
-        matmul.tma_matmul(a[:, :4].contiguous(), torch.randn(33, device=DEVICE)[1:].view(4, 8), c)
+        fast.tma_matmul(a[:, :4].contiguous(), torch.randn(33, device=DEVICE)[1:].view(4, 8), c)
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
-        matmul.tma_matmul(a[:, :4].contiguous(), b[:4], c, "gelu")
+        fast.tma_matmul(a[:, :4].contiguous(), b[:4], c, "gelu")
 
 
 def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     # the routing rule alone, as on a Hopper GPU; no kernel runs
     monkeypatch.setattr(runtime, "INTERPRETED", False)
-    monkeypatch.setattr(matmul, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
     f16 = torch.float16
 
     def suits(a, b, c=None, tf32=False):
         c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype) if c is None else c
-        return matmul._tma_suits(a, b, c, tf32)
+        return fast._tma_suits(a, b, c, tf32)
 
     a, b = torch.randn(64, 48).to(f16), torch.randn(48, 32).to(f16)
     assert suits(a, b) and suits(a, b.t().contiguous().t())  # B row-major or K-major
@@ -299,13 +302,13 @@ def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     assert suits(a32, b32.t().contiguous().t(), tf32=True)  # TF32, B K-major
     assert not suits(a32, b32, tf32=True)  # TF32, B row-major: tf32_b_first_kernel
     assert not suits(a32, b32.t().contiguous().t())  # exact fp32: no tensor cores
-    monkeypatch.setattr(matmul, "_capability", lambda device: (8, 0))
+    monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
     assert not suits(a, b)
 
 
 on_tma_gpu = pytest.mark.skipif(
-    runtime.MODE != "gpu" or matmul._capability(DEVICE) not in matmul.TMA_GPUS,
-    reason="needs a GPU in matmul.TMA_GPUS",
+    runtime.MODE != "gpu" or fast._capability(DEVICE) not in fast.TMA_GPUS,
+    reason="needs a GPU in TMA_GPUS",
 )
 
 
@@ -317,15 +320,15 @@ def test_every_tma_config_compiles_and_matches(dtype):
     # not, on awkward shapes: one row and K of 1, primes, several tiles with ragged edges
     # (a config that needs more shared memory than the GPU has, the autotuner skips too)
     precision = "tf32" if dtype == torch.float32 else "ieee"
-    for m, n, k, stages, warps, specialize in matmul.TMA_TILE_SHAPES:
+    for m, n, k, stages, warps, specialize in fast.TMA_TILE_SHAPES:
         tiles = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}
         launch = {"WARP_SPECIALIZE": specialize, "num_stages": stages, "num_warps": warps}
         for rows, cols, depth in [(1, 8, 1), (37, 96, 77), (300, 1000, 260)]:
-            a = matmul.padded_copy(torch.randn(rows, depth, device=DEVICE).to(dtype), 1)
-            b = matmul.padded_copy(torch.randn(cols, depth, device=DEVICE).to(dtype), 1).t()
+            a = fast.padded_copy(torch.randn(rows, depth, device=DEVICE).to(dtype), 1)
+            b = fast.padded_copy(torch.randn(cols, depth, device=DEVICE).to(dtype), 1).t()
             c = torch.full((rows, cols), float("nan"), device=DEVICE, dtype=dtype)
             try:
-                matmul.tma_matmul(a, b, c, input_precision=precision, config=tiles | launch)
+                fast.tma_matmul(a, b, c, input_precision=precision, config=tiles | launch)
             except triton.runtime.errors.OutOfResources:
                 assert dtype == torch.float32 and k == 64, (tiles, launch)
                 break
@@ -336,20 +339,28 @@ def test_every_tma_config_compiles_and_matches(dtype):
 @on_tma_gpu
 def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
     calls = []
-    tma_matmul = matmul.tma_matmul
+    tma_launch = fast._tma_launch
     monkeypatch.setattr(
-        matmul, "tma_matmul", lambda *args, **kw: calls.append(1) or tma_matmul(*args, **kw)
+        fast, "_tma_launch", lambda *args, **kw: calls.append(1) or tma_launch(*args, **kw)
     )
-    m, n, k = 256, 520, 392  # past SMALL_PRODUCT, none a multiple of the large tiles
-    cases = [  # dtype, TF32 allowed, B K-major, N, whether tma_matmul_kernel takes it
-        (torch.float16, False, False, n, True),
-        (torch.bfloat16, False, True, n, True),
-        (torch.float32, True, True, n, True),
-        (torch.float32, True, False, n, False),  # tf32_b_first_kernel
-        (torch.float32, False, True, n, False),  # exact fp32: no tensor cores
-        (torch.float16, False, False, n + 1, False),  # C's rows 1042 bytes apart
+    # past SMALL_PRODUCT, none a multiple of the large tiles; the first below TMA_MIN_PRODUCT
+    medium, large = (256, 520, 392), (2048, 2056, 2050)
+    assert math.prod(medium) < fast.TMA_MIN_PRODUCT <= math.prod(large)
+    cases = [  # shape, dtype, TF32 allowed, B K-major, N + extra, whether the TMA kernel takes it
+        (large, torch.float16, False, False, 0, True),
+        (large, torch.bfloat16, False, True, 0, True),
+        (large, torch.float32, True, True, 0, True),
+        (large, torch.float32, True, False, 0, False),  # tf32_b_first_kernel
+        (large, torch.float32, False, True, 0, False),  # exact fp32: no tensor cores
+        (large, torch.float16, False, False, 1, False),  # C's rows 4114 bytes apart
+        # a product this size takes less GPU time than the TMA launch takes host time, so it
+        # stays with the lesson's kernel, unless that kernel is slow on its layout
+        (medium, torch.float16, False, False, 0, False),
+        (medium, torch.float32, True, True, 0, False),
+        (medium, torch.bfloat16, False, True, 0, True),  # K-major 16-bit B
     ]
-    for dtype, tf32, b_k_major, cols, takes_tma in cases:
+    for (m, n, k), dtype, tf32, b_k_major, extra, takes_tma in cases:
+        cols = n + extra
         calls.clear()
         a = torch.randn(m, k, device=DEVICE).to(dtype)
         b = (
@@ -359,7 +370,7 @@ def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
         )
         with runtime.tf32(tf32):
             got = matmul.matmul(a, b)
-        assert bool(calls) == takes_tma, (dtype, tf32, b_k_major, cols)
+        assert bool(calls) == takes_tma, (m, dtype, tf32, b_k_major, cols)
         assert _matmul_error(got, a, b) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
@@ -368,24 +379,24 @@ def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
 def test_padded_copy_keeps_the_values_and_pads_the_rows(layout, contiguous_axis):
     base = torch.randn(70, 130, device=DEVICE)
     t = {"contiguous": base, "transposed": base.t(), "sliced": base[1::2, 3:120:2]}[layout]
-    copy = matmul.padded_copy(t, contiguous_axis)
+    copy = fast.padded_copy(t, contiguous_axis)
     assert torch.equal(copy, t)
     assert copy.stride(contiguous_axis) == 1 and copy.stride(1 - contiguous_axis) % 16 == 0
 
 
 def test_views_that_reach_past_32_bit_offsets_are_copied(monkeypatch):
-    monkeypatch.setattr(matmul, "padded_copy", lambda t, axis: "copied")
+    monkeypatch.setattr(fast, "padded_copy", lambda t, axis: "copied")
     wide_strides = torch.empty_strided((4, 16), (1 << 30, 1), device="meta")
-    assert matmul._aligned(wide_strides) == "copied"
+    assert fast._aligned(wide_strides) == "copied"
     compact = torch.empty(4, 16, device="meta")  # rows 16 elements apart: nothing to do
-    assert matmul._aligned(compact) is compact
+    assert fast._aligned(compact) is compact
 
 
 def test_padding_that_reaches_past_32_bit_offsets_is_refused_before_allocating():
     # 2^27 + 1 rows of 9 elements fit; padded to 16 they would span 2^31 + 9 elements
     tall = torch.empty((1 << 27) + 1, 9, device="meta")
     with pytest.raises(ValueError, match="2\\^31 elements of memory or more"):
-        matmul.padded_copy(tall, contiguous_axis=1)
+        fast.padded_copy(tall, contiguous_axis=1)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,8 @@ from nbclient.exceptions import CellExecutionError
 from course_lib import builder
 
 SOLUTIONS = sorted(builder.SOLUTIONS.glob("*.ipynb"))
-LESSONS = [pytest.param(p.name, id=p.stem) for p in SOLUTIONS]
+LESSONS = [pytest.param(p.name, id=p.stem) for p in SOLUTIONS if not builder.is_appendix(p)]
+APPENDICES = [pytest.param(p.name, id=p.stem) for p in SOLUTIONS if builder.is_appendix(p)]
 FIRST_CELL = ["import course_lib", "course_lib.show_environment()"]
 
 
@@ -20,7 +21,26 @@ def _nbgrader(cell) -> dict:
 
 
 def test_there_are_lessons():
-    assert len(SOLUTIONS) >= 2
+    assert len(LESSONS) >= 2
+
+
+def test_appendices_are_named_after_their_lesson():
+    assert [p.values[0] for p in APPENDICES] == ["05b_matmul_on_hopper.ipynb"]
+    assert not builder.is_appendix(builder.SOLUTIONS / "05_matmul.ipynb")
+    lessons = {p.values[0][:2] for p in LESSONS}
+    assert all(p.values[0][:2] in lessons for p in APPENDICES)
+
+
+@pytest.mark.parametrize("name", APPENDICES)
+def test_appendix_has_no_exercise_and_skips_plainly_off_hopper(name):
+    nb = nbformat.read(builder.SOLUTIONS / name, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert [line for line in code[0].source.splitlines() if line.strip()] == FIRST_CELL
+    assert not any(_nbgrader(c) for c in nb.cells)
+    # every cell that launches GPU work asks first, and says in one line why it skips
+    for cell in code[2:]:
+        if "bench." in cell.source or "fast_paths." in cell.source:
+            assert 'gpu_only("' in cell.source and "capability=(9, 0)" in cell.source, cell.source
 
 
 def test_generated_notebooks_are_fresh():

@@ -89,6 +89,17 @@ def test_gpu_only_says_so_in_the_interpreter(capsys):
         assert ran and out == ""
 
 
+def test_gpu_only_names_the_capability_an_older_gpu_lacks(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (8, 0))
+    assert runtime.gpu_only("The TMA kernel", capability=(8, 0))
+    assert not runtime.gpu_only("The TMA kernel", capability=(9, 0))
+    assert capsys.readouterr().out == (
+        "⏭ The TMA kernel needs a GPU of compute capability 9.0 or later; "
+        "this one is 8.0: skipped.\n"
+    )
+
+
 def test_dtype_errors_say_what_to_do():
     runtime.require_supported_dtype(torch.float32, "op")
     with pytest.raises(TypeError, match="int64 is not supported; use one of float32"):

@@ -5,9 +5,18 @@ Everything here times on a GPU only; in the interpreter, guard calls with
 ``./course bench``) runs every finished kernel's benchmark and writes a report.
 """
 
-from course_lib.bench.sweep import Sweep, bandwidth_sweep, flops_sweep, matmul_peak, plot_sweep
+from course_lib.bench.sweep import (
+    Sweep,
+    Target,
+    bandwidth_sweep,
+    flops_sweep,
+    matmul_peak,
+    plot_sweep,
+)
 from course_lib.bench.timing import (
+    bare_launches,
     copy_bandwidth,
+    do_bench_ms,
     gb_per_s,
     launch_us,
     median_ms,
@@ -16,8 +25,11 @@ from course_lib.bench.timing import (
 
 __all__ = [
     "Sweep",
+    "Target",
+    "bare_launches",
     "bandwidth_sweep",
     "copy_bandwidth",
+    "do_bench_ms",
     "flops_sweep",
     "gb_per_s",
     "launch_us",

@@ -36,16 +36,20 @@ def main(argv: list[str] | None = None) -> int:
     sections = [
         f"# Benchmarks\n\n{runtime.describe()}\n\nGPU time, median of many runs after a "
         f"warm-up, L2 flushed before each run and the host's launch cost kept out "
-        f"(bench.median_ms); the host microseconds per call are in the last column. "
+        f"(bench.median_ms). The do_bench columns time the same calls with "
+        f"triton.testing.do_bench (default arguments, median), which counts the launch cost "
+        f"in wherever the host is slower than the GPU. The host microseconds per call are in "
+        f"the last column: the kernel's launcher, the same kernel launches made bare "
+        f"(kernel[grid](...) with the same arguments), and torch. "
         f"Ceiling: device copy bandwidth, {ceiling:,.0f} GB/s, measured in this run.\n"
     ]
+    report = args.out / "report.md"
     for name in args.only:
         for sweep in SUITES[name](ceiling):
             plot_sweep(sweep, path=str(args.out / f"{sweep.name}.png"))
             sections.append(sweep.table() + f"\n\n![{sweep.name}]({sweep.name}.png)\n")
-            print(sweep.table(), end="\n\n")
-    report = args.out / "report.md"
-    report.write_text("\n".join(sections))
+            print(sweep.table(), end="\n\n", flush=True)
+            report.write_text("\n".join(sections))  # after each sweep: a long run keeps its part
     print(f"report written to {report}")
     return 0
 

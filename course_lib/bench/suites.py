@@ -6,10 +6,12 @@ returns its Sweeps. Add a lesson's kernel by adding a suite to SUITES.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from course_lib import references, runtime
-from course_lib.bench.sweep import Sweep, bandwidth_sweep, flops_sweep
+from course_lib.bench.sweep import Sweep, Target, bandwidth_sweep, flops_sweep
 from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
@@ -18,6 +20,51 @@ SOFTMAX_SHAPES = [(4096, 781), (4096, 1024), (8192, 4096), (4096, 16384), (1823,
                   (4096, 1 << 17), (64, 1 << 20)]  # fmt: skip
 MATMUL_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192), (1000, 3000, 777)]
 
+# The course's targets, checked in the report by both timings. A softmax reads and writes
+# its matrix once, as a copy does: a copy of the same matrix bounds it
+ELEMENTWISE_TARGETS = [
+    Target("torch", 0.98, lambda n: n >= 1 << 20, "from 2^20 elements up"),
+]
+ONE_BLOCK_ROWS = [(4096, 781), (4096, 1024), (8192, 4096), (4096, 16384), (1823, 12345)]
+SOFTMAX_TARGETS = [
+    Target("copy", 0.95, lambda shape: shape in ONE_BLOCK_ROWS, "on rows of one block"),
+    Target("torch", 1.0, lambda shape: shape in ONE_BLOCK_ROWS, "on rows of one block"),
+    Target(
+        "torch.compile",
+        1.0,
+        lambda shape: shape in ONE_BLOCK_ROWS and shape != (4096, 1024),
+        "on rows of one block, but 4096x1024",
+    ),
+    Target(
+        "torch.compile",
+        0.97,
+        lambda shape: shape == (4096, 1024),
+        "at 4096x1024 (Inductor emits the same kernel)",
+    ),
+    Target("torch", 0.9, lambda shape: shape not in ONE_BLOCK_ROWS, "on wide rows"),
+]
+
+
+def _at(*shapes):
+    return lambda shape: shape in shapes
+
+
+def _shapes(*shapes):
+    return " and ".join("x".join(map(str, s)) if len(set(s)) > 1 else f"{s[0]}^3" for s in shapes)
+
+
+def _matmul_targets(*targets: tuple[float, tuple]) -> list[Target]:
+    return [
+        Target("torch", ratio, _at(*shapes), f"at {_shapes(*shapes)}") for ratio, shapes in targets
+    ]
+
+
+HALF_TARGETS = _matmul_targets(
+    (0.95, ((4096,) * 3, (8192,) * 3)), (0.8, ((1024,) * 3,)), (0.85, ((1000, 3000, 777),))
+)
+TF32_TARGETS = _matmul_targets((0.9, ((4096,) * 3, (8192,) * 3)))
+TF32_K_MAJOR_TARGETS = _matmul_targets((1.0, ((8192,) * 3,)), (0.95, ((4096,) * 3,)))
+
 
 def _elementwise_suite(name, kernel, reference, n_inputs, bytes_moved):
     def suite(ceiling_gbps: float) -> list[Sweep]:
@@ -25,6 +72,7 @@ def _elementwise_suite(name, kernel, reference, n_inputs, bytes_moved):
             name, kernel, reference, n_inputs=n_inputs, bytes_moved=bytes_moved, sizes=SIZES,
             ceiling_gbps=ceiling_gbps,
         )  # fmt: skip
+        sweep.targets = ELEMENTWISE_TARGETS
         return [sweep]
 
     return suite
@@ -59,44 +107,46 @@ def add_2d_suite(ceiling_gbps: float) -> list[Sweep]:
 def softmax_suite(ceiling_gbps: float) -> list[Sweep]:
     compiled = torch.compile(references.softmax, dynamic=False)
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return [
-        bandwidth_sweep(
-            "softmax", softmax.softmax, references.softmax, n_inputs=1,
-            bytes_moved=lambda shape, dtype: references.softmax_bytes(*shape, dtype),
-            sizes=SOFTMAX_SHAPES, ceiling_gbps=ceiling_gbps,
-            # a copy moves the same bytes and computes nothing: the most a softmax of this
-            # shape can hope for, and with small shapes less than the ceiling
-            others={"torch.compile": compiled, "copy": torch.clone},
-        )
-    ]  # fmt: skip
+    sweep = bandwidth_sweep(
+        "softmax", softmax.softmax, references.softmax, n_inputs=1,
+        bytes_moved=lambda shape, dtype: references.softmax_bytes(*shape, dtype),
+        sizes=SOFTMAX_SHAPES, ceiling_gbps=ceiling_gbps,
+        # a copy moves the same bytes and computes nothing: the most a softmax of this
+        # shape can hope for, and with small shapes less than the ceiling
+        others={"torch.compile": compiled, "copy": torch.clone},
+    )  # fmt: skip
+    sweep.targets = SOFTMAX_TARGETS
+    return [sweep]
 
 
-def matmul_suite(ceiling_gbps: float) -> list[Sweep]:
-    sweeps = []
+def matmul_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """The matmul sweeps, each yielded as soon as it is measured (the suite is long)."""
+    half_ceiling = None
     for dtype in (torch.float16, torch.bfloat16):
-        sweeps.append(
-            flops_sweep("matmul", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES, dtype=dtype)
+        sweep = flops_sweep(
+            "matmul", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES, dtype=dtype
         )
+        sweep.targets = HALF_TARGETS
+        half_ceiling = half_ceiling or sweep.ceiling
+        yield sweep
     # a K-major B is how a Linear layer's weight arrives: x @ W.t()
-    sweeps.append(
-        flops_sweep(
-            "matmul (B K-major)", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES,
-            dtype=torch.float16, ceiling_tflops=sweeps[0].ceiling, b_k_major=True,
-        )
+    yield flops_sweep(
+        "matmul (B K-major)", matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES,
+        dtype=torch.float16, ceiling_tflops=half_ceiling, b_k_major=True,
     )  # fmt: skip
     # fp32 runs as TF32 on both sides, the fair fight on tensor cores; B comes row-major,
     # which the kernel puts first in its dot, and K-major, as a Linear layer's weight
-    with runtime.tf32(True):
-        ceiling = None
-        for b_k_major in (False, True):
+    ceiling = None
+    for b_k_major in (False, True):
+        with runtime.tf32(True):
             sweep = flops_sweep(
                 "matmul (TF32, B K-major)" if b_k_major else "matmul (TF32)",
                 matmul.matmul, torch.matmul, shapes=MATMUL_SHAPES, dtype=torch.float32,
                 ceiling_tflops=ceiling, b_k_major=b_k_major,
             )  # fmt: skip
-            ceiling = sweep.ceiling
-            sweeps.append(sweep)
-    return sweeps
+        ceiling = sweep.ceiling
+        sweep.targets = TF32_K_MAJOR_TARGETS if b_k_major else TF32_TARGETS
+        yield sweep
 
 
 SUITES = {

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 import torch
 
 from course_lib import runtime
-from course_lib.bench.timing import copy_bandwidth, gb_per_s, launch_us, median_ms, tflop_per_s
+from course_lib.bench.timing import (
+    bare_launches,
+    copy_bandwidth,
+    do_bench_ms,
+    gb_per_s,
+    launch_us,
+    median_ms,
+    tflop_per_s,
+)
 
 Point = int | tuple[int, ...]
 
@@ -23,6 +31,21 @@ def label(point: Point) -> str:
     if point > 0 and point & (point - 1) == 0:
         return f"2^{point.bit_length() - 1}"
     return str(point)
+
+
+@dataclass(frozen=True)
+class Target:
+    """kernel/`baseline` of at least `ratio`, by both timings, at the points `where` picks."""
+
+    baseline: str
+    ratio: float
+    where: Callable[[Point], bool] = lambda point: True
+    described: str = "at every point"
+
+
+# a finished kernel's launcher may cost this much host time per call, against the bare
+# kernel[grid](...) launches of the same compiled kernels with the same arguments
+LAUNCH_TARGET = 1.3
 
 
 @dataclass
@@ -37,8 +60,12 @@ class Sweep:
     points: list[Point] = field(default_factory=list)
     kernel: list[float] = field(default_factory=list)
     baselines: dict[str, list[float]] = field(default_factory=dict)
-    # host microseconds per call of the kernel's launcher and of torch, where measured
+    # the same, timed by triton.testing.do_bench (launch cost included), where measured
+    do_bench: dict[str, list[float]] = field(default_factory=dict)
+    # host microseconds per call of the kernel's launcher, of its bare launches and of
+    # torch, where measured
     launch_us: dict[str, list[float]] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
 
     def rows(self) -> list[dict]:
         rows = []
@@ -47,6 +74,12 @@ class Sweep:
             for name, values in self.baselines.items():
                 row[name] = values[i]
                 row[f"kernel/{name}"] = self.kernel[i] / values[i]
+                if self.do_bench:  # times, so baseline over kernel
+                    row[f"do_bench kernel/{name}"] = (
+                        self.do_bench[name][i] / self.do_bench["kernel"][i]
+                    )
+            if "bare" in self.do_bench:  # the same launches made bare: the host's limit
+                row["do_bench bare/torch"] = self.do_bench["torch"][i] / self.do_bench["bare"][i]
             row["kernel/ceiling"] = self.kernel[i] / self.ceiling
             for name, values in self.launch_us.items():
                 row[f"{name} launch us"] = values[i]
@@ -54,14 +87,16 @@ class Sweep:
         return rows
 
     def table(self) -> str:
-        """A markdown table of the sweep."""
+        """A markdown table of the sweep, and a line for each target."""
         names = list(self.baselines)
         header = (
             ["size", f"kernel {self.unit}"]
             + [f"{n} {self.unit}" for n in names]
             + [f"kernel/{n}" for n in names]
+            + ([f"do_bench kernel/{n}" for n in names] if self.do_bench else [])
+            + (["do_bench bare/torch"] if "bare" in self.do_bench else [])
             + ["kernel/ceiling"]
-            + (["launch µs, kernel / torch"] if self.launch_us else [])
+            + ([f"launch µs, {' / '.join(self.launch_us)}"] if self.launch_us else [])
         )
         dtype = str(self.dtype).removeprefix("torch.")
         lines = [
@@ -75,12 +110,42 @@ class Sweep:
             cells = [r["point"], f"{r['kernel']:,.0f}"]
             cells += [f"{r[n]:,.0f}" for n in names]
             cells += [f"{r[f'kernel/{n}']:.3f}" for n in names]
+            if self.do_bench:
+                cells += [f"{r[f'do_bench kernel/{n}']:.3f}" for n in names]
+            if "bare" in self.do_bench:
+                cells.append(f"{r['do_bench bare/torch']:.3f}")
             cells.append(f"{r['kernel/ceiling']:.3f}")
             if self.launch_us:
-                us = [r.get(f"{name} launch us", math.nan) for name in ("kernel", "torch")]
-                cells.append(f"{us[0]:.0f} / {us[1]:.0f}")
+                us = [r[f"{name} launch us"] for name in self.launch_us]
+                cells.append(" / ".join("—" if math.isnan(u) else f"{u:.1f}" for u in us))
             lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines)
+        verdicts = self.verdicts()
+        return "\n".join(lines + ([""] + [f"- {v}" for v in verdicts] if verdicts else []))
+
+    def verdicts(self) -> list[str]:
+        """One line per target: met or not, by each timing, naming the points that miss."""
+        lines = []
+        for target in self.targets:
+            picked = [r for p, r in zip(self.points, self.rows()) if target.where(p)]
+            if not picked:
+                continue
+            ratio = f"kernel/{target.baseline}"
+            misses = []
+            for timing, column in (("median_ms", ratio), ("do_bench", f"do_bench {ratio}")):
+                short = [r for r in picked if column in r and r[column] < target.ratio]
+                misses += [f"{r['point']} ({r[column]:.3f}, {timing})" for r in short]
+            verdict = "met" if not misses else "missed at " + ", ".join(misses)
+            lines.append(f"target {ratio} ≥ {target.ratio} {target.described}: {verdict}")
+        measured = [r for r in self.rows() if not math.isnan(r.get("bare launch us", math.nan))]
+        if measured:
+            over = [
+                f"{r['point']} ({r['kernel launch us'] / r['bare launch us']:.2f}×)"
+                for r in measured
+                if r["kernel launch us"] > LAUNCH_TARGET * r["bare launch us"]
+            ]
+            verdict = "met" if not over else "missed at " + ", ".join(over)
+            lines.append(f"target launch µs ≤ {LAUNCH_TARGET}× the bare launch: {verdict}")
+        return lines
 
 
 def run_sweep(
@@ -98,15 +163,20 @@ def run_sweep(
     each round a `median_ms`, and the median round is kept: drift of clocks and cache
     state between rounds then touches every side alike. Small sizes need it: a few
     microseconds per run swing by 10% from one median to the next. The times are GPU
-    times; the host's cost of each call of the kernel and of torch is recorded apart.
+    times. Then each side once more by `do_bench_ms`, which counts the host's launch
+    cost in; and the host's cost per call of the kernel, of its bare launches and of
+    torch, interleaved in rounds too. do_bench of the bare launches alone says how much of
+    a do_bench figure is the launch that Triton itself makes.
     """
     if runtime.INTERPRETED:
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
     from tqdm.auto import tqdm
 
     reference = next(iter(baselines.values()))
+    fns = {"kernel": kernel, **baselines}
     sweep.baselines = {name: [] for name in baselines}
-    sweep.launch_us = {"kernel": [], "torch": []}
+    sweep.do_bench = {name: [] for name in fns}
+    sweep.launch_us = {"kernel": [], "bare": [], "torch": []}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
         # a timing of a wrong kernel is worthless: compare once, by relative norm, which
@@ -115,18 +185,28 @@ def run_sweep(
         error = float((got - want).norm() / want.norm())
         if not error < 1e-2:
             raise AssertionError(f"{sweep.name} at {label(point)}: relative error {error:.1e}")
-        fns = {"kernel": kernel, **baselines}
+        calls = {name: (lambda f=fn, a=inputs: f(*a)) for name, fn in fns.items()}
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(rounds):
-            for name, fn in fns.items():
-                times[name].append(median_ms(lambda f=fn, a=inputs: f(*a)))
+            for name, call in calls.items():
+                times[name].append(median_ms(call))
+        for name, call in calls.items():
+            sweep.do_bench[name].append(do_bench_ms(call))
+        hosts = {"kernel": calls["kernel"], "bare": bare_launches(calls["kernel"])}
+        bare = hosts["bare"]
+        sweep.do_bench.setdefault("bare", []).append(do_bench_ms(bare) if bare else math.nan)
+        hosts["torch"] = calls["torch"]
+        host_us: dict[str, list[float]] = {name: [] for name in hosts}
+        for _ in range(rounds):
+            for name, call in hosts.items():
+                host_us[name].append(math.nan if call is None else launch_us(call))
+        for name, values in host_us.items():
+            sweep.launch_us[name].append(statistics.median(values))
         sweep.points.append(point)
-        for name, fn in (("kernel", kernel), ("torch", reference)):
-            sweep.launch_us[name].append(launch_us(lambda f=fn, a=inputs: f(*a)))
         sweep.kernel.append(throughput(point, statistics.median(times["kernel"])))
         for name in baselines:
             sweep.baselines[name].append(throughput(point, statistics.median(times[name])))
-        del inputs
+        del inputs, calls, hosts
     return sweep
 
 

@@ -30,6 +30,34 @@ def launch_us(fn: Callable[[], object], calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
+def bare_launches(fn: Callable[[], object]) -> Callable[[], None] | None:
+    """The kernel launches that one call of `fn()` makes through the finished kernels'
+    launchers, as a function that makes them again bare: `kernel[grid](*args, **kwargs)`,
+    the same compiled kernels with the same arguments and nothing else. None if `fn`
+    launches none that way (torch, or a learner's own launcher)."""
+    from course_lib.kernels._launch import recording_launches
+
+    fn()  # compiled and tuned before the launches are recorded
+    with recording_launches() as launches:
+        fn()
+    if not launches:
+        return None
+    if len(launches) == 1:
+        return launches[0]
+    return lambda: [launch() for launch in launches] and None
+
+
+def do_bench_ms(fn: Callable[[], object]) -> float:
+    """`fn()`'s median time in milliseconds by triton.testing.do_bench with its default
+    arguments, the way most Triton users time a kernel: L2 flushed before each run, but
+    the host's launch cost inside the figure whenever the host is slower than the GPU."""
+    if runtime.INTERPRETED:
+        raise RuntimeError("timing needs a GPU; guard the call with course_lib.gpu_only(...)")
+    import triton.testing
+
+    return triton.testing.do_bench(fn, return_mode="median")
+
+
 def median_ms(fn: Callable[[], object], *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     """Median GPU time of `fn()` in milliseconds, timed with CUDA events after a warm-up.
 

@@ -3,7 +3,9 @@
 A checker that only compares outputs would pass `lambda x, y: x + y`: PyTorch, not a
 kernel. Both ways a kernel can run, compiled (`JITFunction.run`) and interpreted
 (`InterpretedFunction.run`), go through a `run` method; while counting, each class's
-`run` is wrapped, and autotuned kernels are counted through the kernel they run.
+`run` is wrapped, and autotuned kernels are counted through the kernel they run. The
+finished kernels' lean launches skip `run` once a kernel is compiled, and are counted at
+`LeanLauncher.run_compiled`.
 """
 
 from __future__ import annotations
@@ -42,10 +44,19 @@ def counting_launches():
 
         return counted
 
+    def counted_compiled(self, *args, **kwargs):
+        count[0] += 1
+        return run_compiled(self, *args, **kwargs)
+
+    from course_lib.kernels._launch import LeanLauncher
+
+    run_compiled = LeanLauncher.run_compiled
     for cls, run in originals.items():
         cls.run = wrap(run)
+    LeanLauncher.run_compiled = counted_compiled
     try:
         yield count
     finally:
         for cls, run in originals.items():
             cls.run = run
+        LeanLauncher.run_compiled = run_compiled

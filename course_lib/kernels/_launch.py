@@ -1,8 +1,32 @@
-"""Argument checks shared by the finished kernels' launchers."""
+"""What the finished kernels' launchers share: argument checks, and lean launches.
+
+`kernel[grid](*args)` redoes on every call work whose answer rarely changes: it binds the
+arguments to the kernel's parameters, works out how the kernel is specialised for them
+(each tensor's dtype and whether it starts on a 16-byte boundary, each integer's range and
+whether it is 1 or a multiple of 16), turns the options into a cache key, looks the
+compiled kernel up and checks the globals it read; an autotuned kernel adds its own key and
+config look-up first. In a loop over small tensors that host work, not the GPU, sets the
+pace. `LeanLauncher` does it once per specialisation, through `kernel[grid]` itself, keeps
+the compiled kernel that call returns (and, for an autotuned kernel, the config it chose),
+and from then on hands the arguments straight to the compiled kernel's own launcher.
+
+This reaches into Triton's internals: `CompiledKernel.run`'s calling convention (grid,
+stream, function, packed metadata, launch metadata, the two launch hooks, then every
+parameter in order, constexprs included) and the hook chains in `triton.knobs`. Written
+for triton 3.6 and 3.9; where those differ, or in the interpreter, or while a profiler
+has hooked the launches, every call goes through `kernel[grid]` as usual.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 
@@ -27,9 +51,185 @@ def check_same(name: str, *tensors: torch.Tensor, same_shape: bool = True) -> No
             raise ValueError(
                 f"{name}: devices differ, {first.device} vs {t.device}. Move both with .to(device)."
             )
-    if runtime.MODE == "gpu" and first.device.type != "cuda":
+    if runtime.MODE == "gpu" and not first.is_cuda:
         raise ValueError(
             f"{name}: the tensors are on {first.device}; Triton kernels run on the GPU here. "
             "Allocate them with device=course_lib.DEVICE."
         )
     runtime.require_supported_dtype(first.dtype, name)
+
+
+@dataclass
+class Launch:
+    """One launch as `kernel[grid](*args, **kwargs)` would make it: the bare launch."""
+
+    kernel: JITFunction
+    grid: tuple[int, int, int]
+    args: tuple
+    kwargs: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.kwargs)
+
+
+_recorded: list[Launch] | None = None
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list[Launch]]:
+    """Yields a list that fills with every launch a LeanLauncher makes in the block, so
+    that a benchmark can time the same launches made bare."""
+    global _recorded
+    saved, _recorded = _recorded, []
+    try:
+        yield _recorded
+    finally:
+        _recorded = saved
+
+
+def _triton_internals():
+    """The Triton internals a direct launch needs, or None where they are not as expected."""
+    try:
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.driver import driver
+
+        hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if not all(hasattr(h, "calls") for h in hooks) or not hasattr(CompiledKernel, "run"):
+            return None
+        return knobs.runtime, driver
+    except (ImportError, AttributeError):
+        return None
+
+
+_INTERNALS = None if runtime.INTERPRETED else _triton_internals()
+
+
+@dataclass
+class _Compiled:
+    run: object  # the compiled kernel's launcher, called with CompiledKernel.run's arguments
+    function: int
+    metadata: object
+    grid: tuple[int, int, int] | None  # an autotuned kernel's grid, resolved for its config
+    constexprs: tuple  # the parameters after the positional arguments, in order
+    config: dict  # an autotuned kernel's config, as kwargs; empty otherwise
+    pre_hook: object  # the config's pre_hook, run before each launch as the autotuner does
+
+
+class LeanLauncher:
+    """A @triton.jit kernel, or a triton.autotune'd one, launched as `launcher[grid](...)`
+    with the kernel's own arguments, at the cost of its compiled launcher once seen.
+
+    Positional arguments are the kernel's non-constexpr parameters, in order; keyword
+    arguments are constexprs and options (num_warps, ...). The grid is a tuple, or for an
+    autotuned kernel a function of the config, which must then depend only on the
+    autotuner's key (as cdiv(M, meta["BLOCK_M"]) does when M is in the key).
+    """
+
+    def __init__(self, kernel: JITFunction | Autotuner):
+        self.kernel = kernel
+        self.tuned = isinstance(kernel, Autotuner)
+        self.jit = kernel.fn if self.tuned else kernel  # interpreted, in the interpreter
+        self._tuning_key = []
+        if _INTERNALS is not None:
+            if not isinstance(self.jit, JITFunction):
+                raise TypeError(f"LeanLauncher takes a @triton.jit kernel, not {type(self.jit)}")
+            # the tuning key's runtime arguments; its constexprs come in meta, all of it keyed
+            params = self.jit.params
+            if self.tuned:
+                self._tuning_key = [
+                    i for i, p in enumerate(params) if p.name in kernel.keys and not p.is_constexpr
+                ]
+        self._compiled: dict[tuple, _Compiled] = {}
+
+    def __getitem__(self, grid):
+        if callable(grid) and not self.tuned:
+            raise TypeError(f"{self.jit.__name__}: give a plain kernel's grid as a tuple")
+        return lambda *args, **meta: self.launch(grid, args, meta)
+
+    def launch(self, grid, args: tuple, meta: dict) -> None:
+        if _INTERNALS is None:
+            self._plain(grid, args, meta)
+            return
+        knobs, driver = _INTERNALS
+        if knobs.launch_enter_hook.calls or knobs.launch_exit_hook.calls:
+            self._plain(grid, args, meta)  # a profiler listens: let Triton tell it
+            return
+        features = _features(args)
+        if features is None:
+            self._plain(grid, args, meta)
+            return
+        device = driver.active.get_current_device()
+        key = (device, features, *meta.items(), *[args[i] for i in self._tuning_key])
+        entry = self._compiled.get(key)
+        if entry is None:
+            self._compiled[key] = self._first_launch(grid, args, meta)
+            return
+        self.run_compiled(entry, grid, args, meta, device)
+
+    def run_compiled(self, entry: _Compiled, grid, args: tuple, meta: dict, device: int) -> None:
+        """Launch a kept compiled kernel, as its own launcher is called by Triton."""
+        if entry.grid is not None:
+            grid = entry.grid
+        grid = (*grid, 1, 1)
+        if entry.pre_hook is not None:
+            entry.pre_hook({**dict(zip(self.jit.arg_names, args)), **meta, **entry.config})
+        if _recorded is not None:
+            _recorded.append(Launch(self.jit, grid[:3], args, {**meta, **entry.config}))
+        stream = _INTERNALS[1].active.get_current_stream(device)
+        entry.run(
+            grid[0], grid[1], grid[2], stream, entry.function, entry.metadata, None, None, None,
+            *args, *entry.constexprs,
+        )  # fmt: skip
+
+    def _plain(self, grid, args: tuple, meta: dict):
+        compiled = self.kernel[grid](*args, **meta)
+        if _recorded is not None:
+            config = self.kernel.best_config.all_kwargs() if self.tuned else {}
+            if callable(grid):
+                grid = grid({**dict(zip(self.jit.arg_names, args)), **meta, **config})
+            _recorded.append(Launch(self.jit, (*grid, 1, 1)[:3], args, {**meta, **config}))
+        return compiled
+
+    def _first_launch(self, grid, args: tuple, meta: dict) -> _Compiled:
+        """Launch through Triton, which compiles (or autotunes) as needed, and keep what it
+        returns for the next calls with the same key."""
+        compiled = self._plain(grid, args, meta)
+        config, pre_hook, resolved = {}, None, None
+        if self.tuned:
+            chosen = self.kernel.best_config
+            config, pre_hook = chosen.all_kwargs(), chosen.pre_hook
+            if callable(grid):
+                resolved = tuple(grid({**dict(zip(self.jit.arg_names, args)), **meta, **config}))
+        params = self.jit.params[len(args) :]
+        if not all(p.is_constexpr for p in params):
+            raise TypeError(f"{self.jit.__name__}: pass every non-constexpr argument by position")
+        given = {**meta, **config}
+        constexprs = tuple(given.get(p.name, p.default) for p in params)
+        return _Compiled(
+            compiled.run, compiled.function, compiled.packed_metadata, resolved, constexprs,
+            config, pre_hook,
+        )  # fmt: skip
+
+
+def _features(args: tuple) -> tuple | None:
+    """What Triton specialises a kernel on, for these arguments, or more: each tensor's dtype
+    and 16-byte alignment, each integer's range and whether it is 1 or a multiple of 16,
+    each tensor descriptor's dtype and tile shape. None for any other kind of argument."""
+    key = []
+    for a in args:
+        if type(a) is int:
+            # 1 is a constant to Triton; otherwise: a multiple of 16, int32, or uint64
+            key.append(
+                8
+                if a == 1
+                else (a & 15 == 0) | (-(1 << 31) <= a < 1 << 31) << 1 | (a >= 1 << 63) << 2
+            )
+        elif isinstance(a, torch.Tensor):
+            key.append(a.dtype)
+            key.append(a.data_ptr() & 15 == 0)
+        elif isinstance(a, TensorDescriptor):
+            key.append((a.base.dtype, *a.block_shape, a.padding))
+        else:
+            return None
+    return tuple(key)

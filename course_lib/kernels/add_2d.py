@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from course_lib.kernels import vector_add
-from course_lib.kernels._launch import check_same
+from course_lib.kernels._launch import LeanLauncher, check_same
 
 # square tiles read transposed inputs down columns and contiguous ones along rows
 # equally well (measured on a Hopper GPU, 8192 x 8192 float32)
@@ -34,6 +34,9 @@ def add_2d_kernel(
     tl.store(out_ptrs, x + y, mask=mask)
 
 
+add_2d_launcher = LeanLauncher(add_2d_kernel)  # add_2d_kernel[grid], lean: see _launch.py
+
+
 def add_2d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + y for [M, N] tensors of any strides; returns a new contiguous [M, N] tensor."""
     check_same("add_2d", x, y)
@@ -43,13 +46,13 @@ def add_2d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if x.is_contiguous() and y.is_contiguous():
         # two contiguous matrices are two long vectors: the 1-D kernel moves them faster
         return vector_add.add(x, y)
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out = x.new_empty((M, N))  # contiguous, with x's dtype and device
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
     if grid[1] > 65535:  # CUDA's limit on the second grid axis
         raise ValueError(f"add_2d: {N} columns need {grid[1]} column tiles; at most 65535 fit")
-    add_2d_kernel[grid](
+    add_2d_launcher[grid](
         x, y, out, M, N, *x.stride(), *y.stride(), *out.stride(),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
     )  # fmt: skip

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.kernels._launch import check_same
+from course_lib.kernels._launch import LeanLauncher, check_same
 
 MAX_FUSED_BLOCK = 16384  # widest row kept in registers in one program (64 KiB of fp32)
 CHUNK = 8192  # columns per program for wider rows
@@ -91,6 +91,12 @@ def softmax_chunk_normalize_kernel(
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# each kernel[grid], lean: see _launch.py
+softmax_launcher = LeanLauncher(softmax_kernel)
+chunk_stats_launcher = LeanLauncher(softmax_chunk_stats_kernel)
+chunk_normalize_launcher = LeanLauncher(softmax_chunk_normalize_kernel)
+
+
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension of x [M, N]; returns a new contiguous [M, N] tensor.
 
@@ -103,25 +109,25 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     if x.stride(1) != 1:
         x = x.contiguous()
     n_rows, n_cols = x.shape
-    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    out = x.new_empty((n_rows, n_cols))  # contiguous, with x's dtype and device
     if out.numel() == 0:
         return out
     block_n = triton.next_power_of_2(n_cols)
     if block_n <= MAX_FUSED_BLOCK:
         rows, num_warps = _config(block_n)
         grid = (triton.cdiv(n_rows, rows),)
-        softmax_kernel[grid](
+        softmax_launcher[grid](
             x, out, n_rows, n_cols, x.stride(0), out.stride(0),
             BLOCK_N=block_n, ROWS=rows, num_warps=num_warps,
         )  # fmt: skip
         return out
     n_chunks = triton.cdiv(n_cols, CHUNK)
-    stats = torch.empty((2, n_rows, n_chunks), dtype=torch.float32, device=x.device)
+    stats = x.new_empty((2, n_rows, n_chunks), dtype=torch.float32)
     grid = (n_rows, n_chunks)
-    softmax_chunk_stats_kernel[grid](
+    chunk_stats_launcher[grid](
         x, stats[0], stats[1], n_cols, x.stride(0), n_chunks, BLOCK_N=CHUNK, num_warps=8
     )
-    softmax_chunk_normalize_kernel[grid](
+    chunk_normalize_launcher[grid](
         x, out, stats[0], stats[1], n_cols, x.stride(0), out.stride(0), n_chunks,
         BLOCK_N=CHUNK, CHUNKS=triton.next_power_of_2(n_chunks), num_warps=8,
     )  # fmt: skip

@@ -1,0 +1,402 @@
+"""The expert paths of lesson 05's matmul, taught in its appendix, "matmul on Hopper".
+
+`matmul` (matmul.py) offers each product here before it launches the lesson's kernel:
+
+- `aligned_operands` copies A and B into rows a multiple of 16 elements apart where they
+  are not, so that tiles load 16 bytes at a time (and copies views too wide for 32-bit
+  offsets);
+- `launch` hands TF32 products whose B has N contiguous to `tf32_b_first_kernel`, which
+  computes C^T = B^T A^T to suit the tensor cores, and, on the Hopper GPUs in TMA_GPUS,
+  large products to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from course_lib import runtime
+from course_lib.interpreter_guard import span
+from course_lib.kernels._launch import LeanLauncher
+from course_lib.kernels.matmul import (
+    INTERPRETER_CONFIG,
+    SMALL_CONFIG,
+    SMALL_PRODUCT,
+    grouped_tile,
+    store_tile,
+    tile_configs,
+    tile_offsets,
+)
+
+COPY_BLOCK = 64  # tiles of COPY_BLOCK x COPY_BLOCK in the copies that pad rows
+
+# tf32_b_first_kernel's dot is [BLOCK_N, BLOCK_K] x [BLOCK_K, BLOCK_M]; the best of a search
+# on a Hopper GPU: (256, 128) for 4096^3 and 8192^3, (128, 64) for 1024^3
+B_FIRST_TILE_SHAPES = [
+    (256, 128, 32, 3, 8),
+    (256, 128, 32, 4, 8),
+    (128, 256, 32, 3, 8),
+    (128, 128, 32, 4, 8),
+    (128, 128, 32, 4, 4),
+    (128, 64, 32, 4, 4),
+    (64, 128, 32, 4, 4),
+]
+
+# tma_matmul_kernel on Hopper, the best of a search: BLOCK_M, BLOCK_N, BLOCK_K, stages, warps
+# and whether to specialise warps; 128 x 256 tiles for large products, 128 x 64 for 1024^3,
+# BLOCK_K = 32 ones for fp32, whose large tiles need it to fit in shared memory
+TMA_TILE_SHAPES = [
+    (128, 256, 64, 4, 8, False),
+    (128, 256, 64, 3, 8, True),
+    (128, 128, 64, 4, 8, False),
+    (128, 64, 64, 4, 4, False),
+    (128, 256, 32, 3, 8, False),
+    (128, 256, 32, 3, 8, True),
+    (128, 128, 32, 4, 8, False),
+    (128, 64, 32, 4, 4, False),
+]
+# the GPUs (compute capability) where tma_matmul_kernel was measured and takes over
+TMA_GPUS = {(9, 0)}
+# Below this many multiply-adds (2048^3) a product takes less GPU time than the host takes to
+# launch tma_matmul_kernel (three descriptors a call) and stays with the lesson's kernel,
+# unless that kernel is slow on its layout: a 16-bit B with K contiguous
+TMA_MIN_PRODUCT = 2048**3
+
+
+def aligned_operands(
+    a: torch.Tensor, b: torch.Tensor, tf32: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B as the kernels read them fastest. TF32 wants A with K contiguous, copied so
+    if need be, and takes B either way (one with N contiguous goes B-first, see launch)."""
+    return _aligned(a, contiguous_axis=1) if tf32 else _aligned(a), _aligned(b)
+
+
+def launch(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None, tf32: bool
+) -> bool:
+    """c = a @ b on an expert path, if one takes this product; False if none does."""
+    (M, K), N = a.shape, b.shape[1]
+    product = M * N * K
+    worth_it = product >= TMA_MIN_PRODUCT or (
+        product > SMALL_PRODUCT and a.dtype != torch.float32 and _column_major(b)
+    )
+    if worth_it and _tma_suits(a, b, c, tf32):
+        precision = "tf32" if tf32 else "ieee"
+        _tma_launch(a, b, c, activation or "", precision, config=None)
+        return True
+    if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
+        return False
+    args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    if runtime.INTERPRETED or product <= SMALL_PRODUCT:
+        config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
+        grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
+        b_first_launcher[grid](*args, **config, ACTIVATION=activation or "")
+    else:
+        grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
+        b_first_autotuned_launcher[grid](*args, ACTIVATION=activation or "")
+    return True
+
+
+@triton.jit
+def tf32_b_first_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+):  # fmt: skip
+    """matmul_kernel for TF32 with a B whose N axis is contiguous, as C^T = B^T A^T.
+
+    On a Hopper GPU the TF32 tensor-core instruction reads its second operand from shared
+    memory with K contiguous, and its first from shared memory likewise or from registers,
+    where the layout in memory no longer matters. As the second operand a row-major B
+    would have each tile transposed in shared memory by the compiler: a quarter of the
+    speed. As the first operand, B^T, rounded to TF32 on its way through registers, it
+    costs no measurable time, and a row-major A becomes the second operand, A^T, with K
+    contiguous as required. The accumulator holds a tile of C^T. The tensor cores still
+    cut A's low bits, so B's layout changes the last bits of a TF32 result. (Other GPUs
+    take this kernel too; it was measured on Hopper only.)
+    """
+    offs_m, offs_n, offs_am, offs_bn = tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    bt_ptrs = b_ptr + offs_bn[:, None] * stride_bn + offs_k[None, :] * stride_bk  # [BN, BK]
+    at_ptrs = a_ptr + offs_k[:, None] * stride_ak + offs_am[None, :] * stride_am  # [BK, BM]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for _ in range(0, K // BLOCK_K):
+        bt = _round_to_tf32(tl.load(bt_ptrs))
+        acc = tl.dot(bt, tl.load(at_ptrs), acc, input_precision="tf32")
+        bt_ptrs += BLOCK_K * stride_bk
+        at_ptrs += BLOCK_K * stride_ak
+    k_left = K % BLOCK_K
+    if k_left > 0:
+        bt = _round_to_tf32(tl.load(bt_ptrs, mask=offs_k[None, :] < k_left, other=0.0))
+        at = tl.load(at_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(bt, at, acc, input_precision="tf32")
+    c_ptrs = c_ptr + offs_n[:, None] * stride_cn + offs_m[None, :] * stride_cm
+    store_tile(c_ptrs, acc, (offs_n[:, None] < N) & (offs_m[None, :] < M), ACTIVATION)
+
+
+# cvt.rna.tf32.f32 needs compute capability 8.0; the interpreter runs no PTX at all.
+# Elsewhere _round_to_tf32 does the same in integer operations
+_PTX = tl.constexpr(not runtime.INTERPRETED and torch.cuda.get_device_capability() >= (8, 0))
+
+
+@triton.jit
+def _round_to_tf32(x):
+    # round to nearest at TF32's 10 significand bits (ties away from zero), as to_tf32 in
+    # lesson 05 does; the tensor cores would cut the 13 low bits off, which is less
+    # accurate. Being computed rather than loaded is what sends the tile through
+    # registers (so triton 3.6 decides).
+    if _PTX:
+        # one instruction per element, which keeps inf and NaN; the integer version below
+        # costs the kernel several percent
+        rounded = tl.inline_asm_elementwise(
+            "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        # inf and NaN keep their bits: a carry out of a NaN's payload would make 0 or inf
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        rounded = tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
+    return rounded
+
+
+@triton.jit
+def tma_matmul_kernel(
+    a_desc, b_desc, c_desc, M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
+):  # fmt: skip
+    """matmul_kernel rebuilt for Hopper GPUs: persistent, with tiles moved by the TMA engine.
+
+    The grid has one program per SM (NUM_SMS), each walking C's tiles in steps of NUM_SMS
+    in grouped order, so no SM idles waiting for a new program to start. The descriptors
+    carry shapes and strides: the TMA unit copies whole tiles into shared memory on its
+    own, fills what lies past an edge with zeros and clips stores at the edges, so the
+    kernel needs no pointers and no masks. A row-major B is loaded as [BLOCK_K, BLOCK_N]
+    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T. Either WARP_SPECIALIZE,
+    some warps only loading while the others compute, or `flatten`, the two loops merged
+    so that loads for the next tile start while this one finishes: Hopper's compiler does
+    not promise both at once. DTYPE is there for the autotuner's key only: descriptors do
+    not show it their dtype, and fp32 tiles need twice the shared memory of fp16 ones.
+    """
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(
+        tl.program_id(axis=0), num_tiles, NUM_SMS,
+        flatten=not WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE,
+    ):  # fmt: skip
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        row, col = pid_m * BLOCK_M, pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([row, k])
+            b = b_desc.load([col, k]).T if B_K_MAJOR else b_desc.load([k, col])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if ACTIVATION == "relu":
+            acc = tl.maximum(acc, 0.0)
+        # stored in two halves [BLOCK_M, BLOCK_N // 2]: a store goes through shared memory,
+        # and a whole 128 x 256 tile there would leave too little room for the loads
+        halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
+        left, right = tl.split(halves)
+        c_desc.store([row, col], left.to(c_desc.dtype))
+        c_desc.store([row, col + BLOCK_N // 2], right.to(c_desc.dtype))
+
+
+def _set_block_shapes(args: dict) -> None:
+    """Make the descriptors' tile shapes those of the config about to run."""
+    block_m, block_n, block_k = args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_K"]
+    args["a_desc"].block_shape = [block_m, block_k]
+    args["b_desc"].block_shape = [block_n, block_k] if args["B_K_MAJOR"] else [block_k, block_n]
+    args["c_desc"].block_shape = [block_m, block_n // 2]
+
+
+tf32_b_first_autotuned = triton.autotune(
+    configs=tile_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"]
+)(tf32_b_first_kernel)
+tma_matmul_autotuned = triton.autotune(
+    configs=tile_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
+    key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
+)(tma_matmul_kernel)
+# each kernel[grid], lean: see _launch.py
+b_first_launcher = LeanLauncher(tf32_b_first_kernel)
+b_first_autotuned_launcher = LeanLauncher(tf32_b_first_autotuned)
+tma_launcher = LeanLauncher(tma_matmul_kernel)
+tma_autotuned_launcher = LeanLauncher(tma_matmul_autotuned)
+
+
+def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
+    """Whether tma_matmul_kernel takes this product: on the GPUs in TMA_GPUS, for fp16 and
+    bf16, and for TF32 with a K-major B only (TF32 reads both tiles K-major from shared
+    memory; a row-major B goes to tf32_b_first_kernel), with A's K axis contiguous and
+    every matrix meeting the TMA unit's rules: 16-byte aligned, rows too."""
+    if runtime.INTERPRETED or _capability(a.get_device()) not in TMA_GPUS:
+        return False
+    if a.dtype == torch.float32 and not (tf32 and _column_major(b)):
+        return False
+    return not (_tma_rule_broken(a) or _tma_rule_broken(_by_rows(b)) or _tma_rule_broken(c))
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    """Whether the 2-D `t` has its first axis contiguous and not its last: K-major, for b."""
+    row_stride, col_stride = t.stride()
+    return row_stride == 1 and col_stride != 1
+
+
+def _by_rows(b: torch.Tensor) -> torch.Tensor:
+    """b as the TMA unit reads it: itself when row-major, b^T [N, K] when K-major."""
+    return b.t() if _column_major(b) else b
+
+
+def _tma_rule_broken(t: torch.Tensor) -> str | None:
+    """Which of the TMA unit's rules the 2-D `t` breaks, if any."""
+    row_stride, col_stride = t.stride()
+    if col_stride != 1:
+        return "its last axis must be contiguous (b: either axis)"
+    if row_stride < t.shape[1] or row_stride * t.element_size() % 16 != 0:
+        return "its rows must not overlap and must lie a multiple of 16 bytes apart"
+    if t.data_ptr() % 16 != 0:
+        return "it must start at a 16-byte aligned address"
+    return None
+
+
+@functools.cache
+def _capability(device: int) -> tuple[int, int]:
+    """The compute capability of the GPU with this index."""
+    return torch.cuda.get_device_capability(device)
+
+
+def tma_available() -> bool:
+    """Whether tma_matmul can run here: in the interpreter, or on a GPU with a TMA unit
+    (compute capability 9.0, Hopper, or later)."""
+    return runtime.INTERPRETED or _capability(torch.cuda.current_device()) >= (9, 0)
+
+
+def tma_matmul(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None = None,
+    input_precision: str = "ieee", config: dict | None = None,
+) -> None:  # fmt: skip
+    """c = a @ b through tma_matmul_kernel: autotuned on a GPU, or with `config` (BLOCK_M,
+    BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and num_stages).
+    a and c need their last axis contiguous, b either axis, each with rows a multiple of
+    16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
+    _tma_rule_broken). Shapes and dtypes are not checked here: matmul checks them."""
+    if not tma_available():
+        raise RuntimeError(
+            "tma_matmul needs a GPU with a TMA unit (Hopper or later) or the interpreter; "
+            "use matmul, which picks the kernel that suits the GPU"
+        )
+    if activation not in (None, "relu") or input_precision not in ("ieee", "tf32"):
+        raise ValueError(
+            "tma_matmul: activation must be None or 'relu' and input_precision 'ieee' or "
+            f"'tf32'; got {activation!r} and {input_precision!r}"
+        )
+    b_rows = _by_rows(b)
+    for name, t in (("a", a), ("b", b_rows), ("c", c)):
+        if rule := _tma_rule_broken(t):
+            raise ValueError(
+                f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks a rule of "
+                f"the TMA unit: {rule}; padded_copy makes a copy that follows them all"
+            )
+    if config is None and runtime.INTERPRETED:  # nothing to time there
+        config = {**INTERPRETER_CONFIG, "WARP_SPECIALIZE": False}
+    _tma_launch(a, b, c, activation or "", input_precision, config)
+
+
+def _tma_launch(a, b, c, activation: str, precision: str, config: dict | None) -> None:
+    """tma_matmul without its checks."""
+    b_rows = _by_rows(b)
+    descs = (_descriptor(a), _descriptor(b_rows), _descriptor(c))
+    (M, K), N = a.shape, c.shape[1]
+    num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
+    meta = dict(
+        NUM_SMS=num_sms, B_K_MAJOR=b_rows is not b,
+        ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
+    )  # fmt: skip
+    grid = lambda m: (min(num_sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
+    if config is None:
+        tma_autotuned_launcher[grid](*descs, M, N, K, **meta)
+    else:
+        _set_block_shapes(dict(zip(("a_desc", "b_desc", "c_desc"), descs)) | config | meta)
+        tma_launcher[grid(config)](*descs, M, N, K, **config, **meta)
+
+
+def _descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """TensorDescriptor.from_tensor(t, ...) for a `t` known to follow the TMA unit's rules
+    (callers check them first), without the descriptor checking them all again on every
+    call. The tile shape is the config's, set by _set_block_shapes."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides = t, t.shape, t.stride()
+    desc.block_shape, desc.padding = [16, 16], "zero"
+    return desc
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tensor:
+    """`t`, or a copy whose `contiguous_axis` (by default the one already contiguous,
+    else the columns) is contiguous, with rows (or columns) a multiple of 16 elements apart.
+
+    Tiles load 16 bytes at a time only where the compiler can prove that each row of a
+    tile starts on a 16-byte boundary, and it knows only of integer arguments that they
+    are multiples of 16. A [1000, 777] fp16 matrix has rows 777 elements apart, so every
+    load would fall back to 2-byte pieces; one copy into rows padded to 784 elements costs
+    a few microseconds of GPU time (and one more launch) and buys back the full
+    tensor-core speed. A view whose strides reach 2^31 elements or more is copied too:
+    the kernel's offsets are 32-bit.
+    """
+    stride = t.stride()
+    if contiguous_axis is None:
+        contiguous_axis = 0 if stride[0] == 1 and stride[1] != 1 else 1
+    if span(t.shape, stride) < 2**31 and (
+        runtime.INTERPRETED  # nothing to gain there, and the copies cost time
+        or (stride[contiguous_axis] == 1 and stride[1 - contiguous_axis] % 16 == 0)
+    ):
+        return t
+    return padded_copy(t, contiguous_axis)
+
+
+def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
+    """A copy of the 2-D `t` with `contiguous_axis` contiguous and the other axis's stride
+    rounded up to a multiple of 16 elements. Refused, before anything is allocated, where
+    the padding takes the copy to 2^31 elements or more: the kernel's offsets are 32-bit."""
+    src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
+    rows, cols = src.shape
+    padded_cols = triton.cdiv(cols, 16) * 16
+    if span((rows, cols), (padded_cols, 1)) >= 2**31:
+        raise ValueError(
+            f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
+            "more once its rows are padded to a multiple of 16 elements, past what this "
+            "kernel's 32-bit offsets address; split the product into blocks of rows"
+        )
+    copy = t.new_empty((rows, padded_cols))[:, :cols]
+    tiles_r, tiles_c = triton.cdiv(rows, COPY_BLOCK), triton.cdiv(cols, COPY_BLOCK)
+    if copy.numel() > 0:
+        copy_launcher[(tiles_r * tiles_c,)](
+            src, copy, rows, cols, *src.stride(), *copy.stride(), tiles_c, BLOCK=COPY_BLOCK
+        )
+    return copy if contiguous_axis == 1 else copy.t()
+
+
+@triton.jit
+def _copy_kernel(
+    src_ptr, dst_ptr, rows, cols, stride_sr, stride_sc, stride_dr, stride_dc, tiles_c,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    # one tile per program; when src is transposed the compiler reads it down its
+    # columns and writes along the rows of dst, passing the tile through shared memory
+    pid = tl.program_id(axis=0)
+    offs_r = ((pid // tiles_c) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    offs_c = ((pid % tiles_c) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+    x = tl.load(src_ptr + offs_r[:, None] * stride_sr + offs_c[None, :] * stride_sc, mask=mask)
+    tl.store(dst_ptr + offs_r[:, None] * stride_dr + offs_c[None, :] * stride_dc, x, mask=mask)
+
+
+copy_launcher = LeanLauncher(_copy_kernel)  # _copy_kernel[grid], lean: see _launch.py

@@ -1,0 +1,157 @@
+"""The finished kernels' lean launches: keyed as finely as Triton specialises, right after
+every change of alignment or dtype, heard by profilers, and cheap on the host."""
+
+import statistics
+
+import pytest
+import torch
+import triton
+
+from course_lib import DEVICE, bench, runtime
+from course_lib.kernels import _launch, add_2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import matmul_fast_paths as fast
+
+
+def _specialisation():
+    """Triton's own rule for how a kernel is specialised on one argument, where it can be
+    reached; the key of a lean launch must tell apart whatever this tells apart."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.nvidia.compiler import CUDABackend
+    except ImportError:
+        pytest.skip("this Triton keeps its specialisation rule elsewhere")
+    return lambda arg: native_specialize_impl(CUDABackend, arg, False, True, True)
+
+
+INTS = [0, 1, 2, 15, 16, 17, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**32 + 16, 2**63 - 1, 2**63]
+
+
+def test_the_key_tells_apart_whatever_triton_specialises_on():
+    specialise = _specialisation()
+    storage = torch.randn(64)
+    tensors = [storage[i:] for i in (0, 1, 2, 4, 8)] + [storage.half()[i:] for i in (0, 3, 8)]
+    args = INTS + tensors
+    for first in args:
+        for second in args:
+            if _launch._features((first,)) == _launch._features((second,)):
+                assert specialise(first) == specialise(second), (first, second)
+    # and it is not blind: 1, a multiple of 16, int64 and a misaligned tensor all differ
+    keys = {_launch._features((a,)) for a in (1, 16, 17, 2**31, 2**63, storage, storage[1:])}
+    assert len(keys) == 7
+    assert _launch._features((1.5,)) is None  # a float: not keyed, launched the plain way
+
+
+def test_recording_gives_bare_launches_that_compute_the_same():
+    x, y = torch.randn(1000, device=DEVICE), torch.randn(1000, device=DEVICE)
+    with _launch.recording_launches() as launches:
+        out = vector_add.add(x, y)
+    assert [launch.kernel for launch in launches] == [vector_add.add_launcher.jit]
+    (launch,) = launches
+    assert launch.grid == (1, 1, 1) and launch.kwargs["BLOCK_SIZE"] == vector_add.BLOCK_SIZE
+    launch.args[2].fill_(float("nan"))  # the output the launcher allocated
+    launch()
+    torch.testing.assert_close(launch.args[2], out, rtol=0, atol=0)
+    with _launch.recording_launches() as outside:
+        pass
+    assert outside == []
+
+
+@pytest.mark.gpu
+def test_each_specialisation_gets_its_own_compiled_kernel():
+    # the same size, aligned, then 4 bytes off (no longer 16-byte aligned), then aligned
+    # again, then fp16: a cache keyed too coarsely would reuse a kernel that assumes the
+    # alignment, and read or write the wrong elements
+    base = torch.randn(5000, device=DEVICE)
+    for x in [base[:4097], base[1:4098], base[16:4113], base[:4097].half(), base[3:4100]]:
+        torch.testing.assert_close(vector_add.add(x, x), x + x, rtol=0, atol=0)
+        torch.testing.assert_close(relu.relu(x), torch.relu(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_a_profiler_hook_still_sees_every_launch():
+    from triton import knobs
+
+    names = []
+    hook = lambda metadata: names.append(metadata.get()["name"])
+    x = torch.randn(300, device=DEVICE)
+    vector_add.add(x, x)  # compiled: from now on launched directly
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        torch.testing.assert_close(vector_add.add(x, x), x + x)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert names == ["add_kernel"]
+
+
+@pytest.mark.gpu
+def test_autotuned_kernels_keep_their_config_per_key():
+    a = torch.randn(300, 200, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(200, 400, device=DEVICE, dtype=torch.float16)
+    for _ in range(3):
+        torch.testing.assert_close(matmul.matmul(a, b), a @ b, rtol=2e-3, atol=2e-3)
+    # one tuning per key: a different M is a new key, and right too
+    a2 = torch.randn(301, 200, device=DEVICE, dtype=torch.float16)
+    torch.testing.assert_close(matmul.matmul(a2, b), a2 @ b, rtol=2e-3, atol=2e-3)
+
+
+def _host_cases():
+    """(name, the finished launcher, its inputs, TF32 allowed): small sizes, whose GPU time
+    is far below the host's, so that the host's cost per call is what is measured."""
+    f16 = dict(device=DEVICE, dtype=torch.float16)
+    x, y = torch.randn(4096, device=DEVICE), torch.randn(4096, device=DEVICE)
+    square = torch.randn(512, 512, device=DEVICE)
+    cases = [
+        ("add", vector_add.add, (x, y), False),
+        ("relu", relu.relu, (x,), False),
+        ("add_2d", add_2d.add_2d, (x.view(64, 64).t(), y.view(64, 64).t()), False),
+        ("softmax", softmax.softmax, (torch.randn(256, 781, device=DEVICE),), False),
+        ("softmax, wide rows", softmax.softmax, (torch.randn(4, 20_000, device=DEVICE),), False),
+        (
+            "matmul, small",
+            matmul.matmul,
+            (torch.randn(64, 96, **f16), torch.randn(96, 80, **f16)),
+            False,
+        ),
+        (
+            "matmul, padded",
+            matmul.matmul,
+            (torch.randn(300, 77, **f16), torch.randn(77, 300, **f16)),
+            False,
+        ),
+        ("matmul, autotuned", matmul.matmul, (square, square), False),
+        ("matmul, TF32 B first", matmul.matmul, (square, square), True),
+    ]
+    if fast._capability(DEVICE) in fast.TMA_GPUS:
+        # past SMALL_PRODUCT with rows the TMA unit takes: the persistent kernel
+        half = square.half()
+        cases.append(("matmul, TMA", matmul.matmul, (half, half.t()), False))
+    return cases
+
+
+@pytest.mark.gpu
+def test_launchers_cost_little_more_host_time_than_a_bare_launch():
+    # the course's target is 1.3x (the benchmark report checks it); 2x here, so that a
+    # noisy machine does not fail the suite
+    ratios = {}
+    for name, launcher, inputs, tf32 in _host_cases():
+        with runtime.tf32(tf32):
+            call = lambda f=launcher, a=inputs: f(*a)
+            bare = bench.bare_launches(call)
+            assert bare is not None, f"{name}: no lean launch was recorded"
+            times = {"launcher": [], "bare": []}
+            for _ in range(7):
+                times["launcher"].append(bench.launch_us(call, calls=50))
+                times["bare"].append(bench.launch_us(bare, calls=50))
+        ratios[name] = statistics.median(times["launcher"]) / statistics.median(times["bare"])
+    print(", ".join(f"{name}: {ratio:.2f}x" for name, ratio in ratios.items()))
+    assert all(ratio <= 2.0 for ratio in ratios.values()), ratios
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="interpreter behaviour")
+def test_the_interpreter_launches_the_plain_way():
+    # no compiled kernel to keep: every call goes through kernel[grid], and is recorded
+    x = torch.randn(100)
+    with _launch.recording_launches() as launches:
+        vector_add.add(x, x)
+    assert len(launches) == 1 and vector_add.add_launcher._compiled == {}
+    assert isinstance(launches[0].kernel, triton.runtime.interpreter.InterpretedFunction)
