@@ -280,6 +280,8 @@ def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
         fast.tma_matmul(a[:, :4].contiguous(), torch.randn(33, device=DEVICE)[1:].view(4, 8), c)
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         fast.tma_matmul(a[:, :4].contiguous(), b[:4], c, "gelu")
+    with pytest.raises(ValueError, match="has an empty axis"):
+        fast.tma_matmul(a[:0], b, c[:0])
 
 
 def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):

@@ -48,9 +48,10 @@ def test_recording_gives_bare_launches_that_compute_the_same():
     assert [launch.kernel for launch in launches] == [vector_add.add_launcher.jit]
     (launch,) = launches
     assert launch.grid == (1, 1, 1) and launch.kwargs["BLOCK_SIZE"] == vector_add.BLOCK_SIZE
-    launch.args[2].fill_(float("nan"))  # the output the launcher allocated
-    launch()
-    torch.testing.assert_close(launch.args[2], out, rtol=0, atol=0)
+    assert launch.args[2] is out  # the output the launcher allocated and returned
+    out.fill_(float("nan"))
+    launch()  # the bare launch alone writes x + y into it again
+    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
     with _launch.recording_launches() as outside:
         pass
     assert outside == []
@@ -84,14 +85,34 @@ def test_a_profiler_hook_still_sees_every_launch():
 
 
 @pytest.mark.gpu
-def test_autotuned_kernels_keep_their_config_per_key():
-    a = torch.randn(300, 200, device=DEVICE, dtype=torch.float16)
-    b = torch.randn(200, 400, device=DEVICE, dtype=torch.float16)
-    for _ in range(3):
-        torch.testing.assert_close(matmul.matmul(a, b), a @ b, rtol=2e-3, atol=2e-3)
-    # one tuning per key: a different M is a new key, and right too
-    a2 = torch.randn(301, 200, device=DEVICE, dtype=torch.float16)
-    torch.testing.assert_close(matmul.matmul(a2, b), a2 @ b, rtol=2e-3, atol=2e-3)
+def test_constexprs_by_position_are_refused_before_anything_runs():
+    x = torch.randn(100, device=DEVICE)
+    launcher = _launch.LeanLauncher(vector_add.add_kernel)
+    with pytest.raises(TypeError, match="constexprs by keyword"):
+        launcher[(1,)](x, x, torch.empty_like(x), 100, 128)
+    assert launcher._compiled == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["autotuned", "TF32 B first", "TMA"])
+def test_tuned_paths_stay_right_on_every_call(path):
+    # the first call of a shape tunes through Triton; the later ones launch the kept
+    # kernel directly, with its config's grid (and, for TMA, its descriptors' tile shapes)
+    f16 = dict(device=DEVICE, dtype=torch.float16)
+    shapes = [(300, 512, 400), (700, 512, 400), (300, 512, 400)]  # M: 3 and 6 tiles of 128
+    if path == "TMA" and fast._capability(torch.cuda.current_device()) not in fast.TMA_GPUS:
+        pytest.skip("the TMA kernel runs on the GPUs in TMA_GPUS")
+    for m, n, k in shapes:
+        if path == "TMA":  # a K-major 16-bit B takes it past SMALL_PRODUCT
+            a, b = torch.randn(m, k, **f16), torch.randn(n, k, **f16).t()
+        else:
+            a, b = torch.randn(m, k, device=DEVICE), torch.randn(k, n, device=DEVICE)
+        expected = a.double() @ b.double()
+        with runtime.tf32(path == "TF32 B first"):
+            for _ in range(3):
+                got = matmul.matmul(a, b)
+                error = ((got.double() - expected).norm() / expected.norm()).item()
+                assert error < (1e-5 if path == "autotuned" else 2e-3), (path, m, error)
 
 
 def _host_cases():

@@ -79,7 +79,10 @@ class Sweep:
                         self.do_bench[name][i] / self.do_bench["kernel"][i]
                     )
             if "bare" in self.do_bench:  # the same launches made bare: the host's limit
-                row["do_bench bare/torch"] = self.do_bench["torch"][i] / self.do_bench["bare"][i]
+                reference = next(iter(self.baselines))
+                row[f"do_bench bare/{reference}"] = (
+                    self.do_bench[reference][i] / self.do_bench["bare"][i]
+                )
             row["kernel/ceiling"] = self.kernel[i] / self.ceiling
             for name, values in self.launch_us.items():
                 row[f"{name} launch us"] = values[i]
@@ -94,7 +97,7 @@ class Sweep:
             + [f"{n} {self.unit}" for n in names]
             + [f"kernel/{n}" for n in names]
             + ([f"do_bench kernel/{n}" for n in names] if self.do_bench else [])
-            + (["do_bench bare/torch"] if "bare" in self.do_bench else [])
+            + ([f"do_bench bare/{names[0]}"] if "bare" in self.do_bench else [])
             + ["kernel/ceiling"]
             + ([f"launch µs, {' / '.join(self.launch_us)}"] if self.launch_us else [])
         )
@@ -113,7 +116,8 @@ class Sweep:
             if self.do_bench:
                 cells += [f"{r[f'do_bench kernel/{n}']:.3f}" for n in names]
             if "bare" in self.do_bench:
-                cells.append(f"{r['do_bench bare/torch']:.3f}")
+                ratio = r[f"do_bench bare/{names[0]}"]
+                cells.append("—" if math.isnan(ratio) else f"{ratio:.3f}")
             cells.append(f"{r['kernel/ceiling']:.3f}")
             if self.launch_us:
                 us = [r[f"{name} launch us"] for name in self.launch_us]
@@ -172,11 +176,11 @@ def run_sweep(
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
     from tqdm.auto import tqdm
 
-    reference = next(iter(baselines.values()))
+    reference_name, reference = next(iter(baselines.items()))
     fns = {"kernel": kernel, **baselines}
     sweep.baselines = {name: [] for name in baselines}
     sweep.do_bench = {name: [] for name in fns}
-    sweep.launch_us = {"kernel": [], "bare": [], "torch": []}
+    sweep.launch_us = {"kernel": [], "bare": [], reference_name: []}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
         # a timing of a wrong kernel is worthless: compare once, by relative norm, which
@@ -195,7 +199,7 @@ def run_sweep(
         hosts = {"kernel": calls["kernel"], "bare": bare_launches(calls["kernel"])}
         bare = hosts["bare"]
         sweep.do_bench.setdefault("bare", []).append(do_bench_ms(bare) if bare else math.nan)
-        hosts["torch"] = calls["torch"]
+        hosts[reference_name] = calls[reference_name]
         host_us: dict[str, list[float]] = {name: [] for name in hosts}
         for _ in range(rounds):
             for name, call in hosts.items():

@@ -123,7 +123,9 @@ class LeanLauncher:
     Positional arguments are the kernel's non-constexpr parameters, in order; keyword
     arguments are constexprs and options (num_warps, ...). The grid is a tuple, or for an
     autotuned kernel a function of the config, which must then depend only on the
-    autotuner's key (as cdiv(M, meta["BLOCK_M"]) does when M is in the key).
+    autotuner's key (as cdiv(M, meta["BLOCK_M"]) does when M is in the key): it is worked
+    out once per key. Compile options changed after the first call (triton.knobs' debug,
+    say) reach only new specialisations; launches are recorded for one thread at a time.
     """
 
     def __init__(self, kernel: JITFunction | Autotuner):
@@ -152,7 +154,8 @@ class LeanLauncher:
             self._plain(grid, args, meta)
             return
         knobs, driver = _INTERNALS
-        if knobs.launch_enter_hook.calls or knobs.launch_exit_hook.calls:
+        enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if getattr(enter, "calls", enter) or getattr(exit_, "calls", exit_):
             self._plain(grid, args, meta)  # a profiler listens: let Triton tell it
             return
         features = _features(args)
@@ -194,6 +197,16 @@ class LeanLauncher:
     def _first_launch(self, grid, args: tuple, meta: dict) -> _Compiled:
         """Launch through Triton, which compiles (or autotunes) as needed, and keep what it
         returns for the next calls with the same key."""
+        # the key holds positional integers by their class alone, so a constexpr among them
+        # (BLOCK_SIZE=1024 or 2048 alike) would share a kernel: constexprs come by keyword
+        params = self.jit.params
+        if any(p.is_constexpr for p in params[: len(args)]) or not all(
+            p.is_constexpr for p in params[len(args) :]
+        ):
+            raise TypeError(
+                f"{self.jit.__name__}: pass the non-constexpr arguments by position and the "
+                "constexprs by keyword"
+            )
         compiled = self._plain(grid, args, meta)
         config, pre_hook, resolved = {}, None, None
         if self.tuned:
@@ -201,11 +214,8 @@ class LeanLauncher:
             config, pre_hook = chosen.all_kwargs(), chosen.pre_hook
             if callable(grid):
                 resolved = tuple(grid({**dict(zip(self.jit.arg_names, args)), **meta, **config}))
-        params = self.jit.params[len(args) :]
-        if not all(p.is_constexpr for p in params):
-            raise TypeError(f"{self.jit.__name__}: pass every non-constexpr argument by position")
         given = {**meta, **config}
-        constexprs = tuple(given.get(p.name, p.default) for p in params)
+        constexprs = tuple(given.get(p.name, p.default) for p in params[len(args) :])
         return _Compiled(
             compiled.run, compiled.function, compiled.packed_metadata, resolved, constexprs,
             config, pre_hook,

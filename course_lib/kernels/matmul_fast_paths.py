@@ -294,6 +294,8 @@ def tma_matmul(
             "tma_matmul: activation must be None or 'relu' and input_precision 'ieee' or "
             f"'tf32'; got {activation!r} and {input_precision!r}"
         )
+    if 0 in (*a.shape, *b.shape):
+        raise ValueError(f"tma_matmul: a {list(a.shape)} @ b {list(b.shape)} has an empty axis")
     b_rows = _by_rows(b)
     for name, t in (("a", a), ("b", b_rows), ("c", c)):
         if rule := _tma_rule_broken(t):
