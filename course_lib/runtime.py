@@ -73,13 +73,14 @@ def gpu_only(step: str, capability: tuple[int, int] | None = None) -> bool:
     if INTERPRETED:
         print(f"⏭ {step} needs a GPU: skipped in the interpreter.")
         return False
-    if capability is not None and torch.cuda.get_device_capability() < capability:
-        have = ".".join(map(str, torch.cuda.get_device_capability()))
-        print(
-            f"⏭ {step} needs a GPU of compute capability {capability[0]}.{capability[1]} or "
-            f"later; this one is {have}: skipped."
-        )
-        return False
+    if capability is not None:
+        have = torch.cuda.get_device_capability()
+        if have < capability:
+            print(
+                f"⏭ {step} needs a GPU of compute capability {capability[0]}.{capability[1]} "
+                f"or later; this one is {have[0]}.{have[1]}: skipped."
+            )
+            return False
     return True
 
 

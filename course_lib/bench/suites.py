@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 
 from course_lib import references, runtime
-from course_lib.bench.sweep import Sweep, Target, bandwidth_sweep, flops_sweep
+from course_lib.bench.sweep import Sweep, Target, bandwidth_sweep, flops_sweep, label
 from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
@@ -49,13 +49,10 @@ def _at(*shapes):
     return lambda shape: shape in shapes
 
 
-def _shapes(*shapes):
-    return " and ".join("x".join(map(str, s)) if len(set(s)) > 1 else f"{s[0]}^3" for s in shapes)
-
-
 def _matmul_targets(*targets: tuple[float, tuple]) -> list[Target]:
     return [
-        Target("torch", ratio, _at(*shapes), f"at {_shapes(*shapes)}") for ratio, shapes in targets
+        Target("torch", ratio, _at(*shapes), f"at {' and '.join(map(label, shapes))}")
+        for ratio, shapes in targets
     ]
 
 

@@ -176,7 +176,7 @@ class LeanLauncher:
             grid = entry.grid
         grid = (*grid, 1, 1)
         if entry.pre_hook is not None:
-            entry.pre_hook({**dict(zip(self.jit.arg_names, args)), **meta, **entry.config})
+            entry.pre_hook(self._named(args, meta, entry.config))
         if _recorded is not None:
             _recorded.append(Launch(self.jit, grid[:3], args, {**meta, **entry.config}))
         stream = _INTERNALS[1].active.get_current_stream(device)
@@ -185,12 +185,16 @@ class LeanLauncher:
             *args, *entry.constexprs,
         )  # fmt: skip
 
+    def _named(self, args: tuple, meta: dict, config: dict) -> dict:
+        """Every argument by name, as Triton hands them to a grid function or a pre_hook."""
+        return {**dict(zip(self.jit.arg_names, args)), **meta, **config}
+
     def _plain(self, grid, args: tuple, meta: dict):
         compiled = self.kernel[grid](*args, **meta)
         if _recorded is not None:
             config = self.kernel.best_config.all_kwargs() if self.tuned else {}
             if callable(grid):
-                grid = grid({**dict(zip(self.jit.arg_names, args)), **meta, **config})
+                grid = grid(self._named(args, meta, config))
             _recorded.append(Launch(self.jit, (*grid, 1, 1)[:3], args, {**meta, **config}))
         return compiled
 
@@ -213,7 +217,7 @@ class LeanLauncher:
             chosen = self.kernel.best_config
             config, pre_hook = chosen.all_kwargs(), chosen.pre_hook
             if callable(grid):
-                resolved = tuple(grid({**dict(zip(self.jit.arg_names, args)), **meta, **config}))
+                resolved = tuple(grid(self._named(args, meta, config)))
         given = {**meta, **config}
         constexprs = tuple(given.get(p.name, p.default) for p in params[len(args) :])
         return _Compiled(

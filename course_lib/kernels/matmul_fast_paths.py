@@ -353,9 +353,9 @@ def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tenso
     tensor-core speed. A view whose strides reach 2^31 elements or more is copied too:
     the kernel's offsets are 32-bit.
     """
-    stride = t.stride()
     if contiguous_axis is None:
-        contiguous_axis = 0 if stride[0] == 1 and stride[1] != 1 else 1
+        contiguous_axis = 0 if _column_major(t) else 1
+    stride = t.stride()
     if span(t.shape, stride) < 2**31 and (
         runtime.INTERPRETED  # nothing to gain there, and the copies cost time
         or (stride[contiguous_axis] == 1 and stride[1 - contiguous_axis] % 16 == 0)
