@@ -115,6 +115,34 @@ def test_tuned_paths_stay_right_on_every_call(path):
                 assert error < (1e-5 if path == "autotuned" else 2e-3), (path, m, error)
 
 
+def test_matmul_keeps_one_route_per_layout_and_checks_each_new_one():
+    # a route is chosen and kept per layout (shapes, strides, dtypes, alignment, TF32):
+    # layouts taken in turn, twice, must each keep computing their own product, and an
+    # operand that breaks a rule must be refused, never served a kept route
+    base = torch.randn(80, 80, device=DEVICE)
+    b = torch.randn(20, 17, device=DEVICE)
+    layouts = [
+        base[:33, :20],
+        base[:20, :33].t(),  # column-major
+        base[1:34, 3:23],  # starts 12 bytes past an aligned address
+        base[:33, :20].contiguous(),
+    ]
+    kept = len(fast._routes)
+    for tf32 in (False, True, False):
+        with runtime.tf32(tf32):
+            for a in layouts:
+                got, expected = matmul.matmul(a, b), a.double() @ b.double()
+                assert ((got - expected).norm() / expected.norm()).item() < 2e-3, (tf32, a.stride())
+                torch.testing.assert_close(matmul.matmul(a, b, "relu"), torch.relu(got))
+    assert len(fast._routes) == kept + 2 * 2 * len(layouts)  # TF32 and ReLU, or not
+    with pytest.raises(TypeError, match="dtypes differ"):
+        matmul.matmul(layouts[0], b.half())
+    with pytest.raises(ValueError, match="expects a \\[M, K\\] and b \\[K, N\\]"):
+        matmul.matmul(layouts[0], b[:19])
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        matmul.matmul(layouts[0], b, activation="gelu")
+
+
 def _host_cases():
     """(name, the finished launcher, its inputs, TF32 allowed): small sizes, whose GPU time
     is far below the host's, so that the host's cost per call is what is measured."""

@@ -6,7 +6,7 @@ arguments to the kernel's parameters, works out how the kernel is specialised fo
 whether it is 1 or a multiple of 16), turns the options into a cache key, looks the
 compiled kernel up and checks the globals it read; an autotuned kernel adds its own key and
 config look-up first. In a loop over small tensors that host work, not the GPU, sets the
-pace. `LeanLauncher` does it once per specialisation, through `kernel[grid]` itself, keeps
+pace. `LeanLauncher` does it once per specialisation and sizes, through `kernel[grid]`, keeps
 the compiled kernel that call returns (and, for an autotuned kernel, the config it chose),
 and from then on hands the arguments straight to the compiled kernel's own launcher.
 
@@ -59,6 +59,17 @@ def check_same(name: str, *tensors: torch.Tensor, same_shape: bool = True) -> No
     runtime.require_supported_dtype(first.dtype, name)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b), for grids. triton.cdiv gives the same but, being callable inside a
+    kernel too, costs the host a few microseconds a call, a fair part of a launch."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1); triton.next_power_of_2, without its cost."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 @dataclass
 class Launch:
     """One launch as `kernel[grid](*args, **kwargs)` would make it: the bare launch."""
@@ -103,6 +114,8 @@ def _triton_internals():
 
 
 _INTERNALS = None if runtime.INTERPRETED else _triton_internals()
+# compiled kernels a launcher keeps at most, one per specialisation and set of sizes
+MAX_KEPT = 1024
 
 
 @dataclass
@@ -132,16 +145,8 @@ class LeanLauncher:
         self.kernel = kernel
         self.tuned = isinstance(kernel, Autotuner)
         self.jit = kernel.fn if self.tuned else kernel  # interpreted, in the interpreter
-        self._tuning_key = []
-        if _INTERNALS is not None:
-            if not isinstance(self.jit, JITFunction):
-                raise TypeError(f"LeanLauncher takes a @triton.jit kernel, not {type(self.jit)}")
-            # the tuning key's runtime arguments; its constexprs come in meta, all of it keyed
-            params = self.jit.params
-            if self.tuned:
-                self._tuning_key = [
-                    i for i, p in enumerate(params) if p.name in kernel.keys and not p.is_constexpr
-                ]
+        if _INTERNALS is not None and not isinstance(self.jit, JITFunction):
+            raise TypeError(f"LeanLauncher takes a @triton.jit kernel, not {type(self.jit)}")
         self._compiled: dict[tuple, _Compiled] = {}
 
     def __getitem__(self, grid):
@@ -163,9 +168,12 @@ class LeanLauncher:
             self._plain(grid, args, meta)
             return
         device = driver.active.get_current_device()
-        key = (device, features, *meta.items(), *[args[i] for i in self._tuning_key])
+        # the integers are keyed by value, so the autotuner's key is in there too
+        key = (device, features, *meta.items())
         entry = self._compiled.get(key)
         if entry is None:
+            if len(self._compiled) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
+                self._compiled.clear()
             self._compiled[key] = self._first_launch(grid, args, meta)
             return
         self.run_compiled(entry, grid, args, meta, device)
@@ -201,8 +209,8 @@ class LeanLauncher:
     def _first_launch(self, grid, args: tuple, meta: dict) -> _Compiled:
         """Launch through Triton, which compiles (or autotunes) as needed, and keep what it
         returns for the next calls with the same key."""
-        # the key holds positional integers by their class alone, so a constexpr among them
-        # (BLOCK_SIZE=1024 or 2048 alike) would share a kernel: constexprs come by keyword
+        # later calls hand the positional arguments, then the kept constexprs, to the
+        # compiled kernel in its parameters' order: the split must be exactly this one
         params = self.jit.params
         if any(p.is_constexpr for p in params[: len(args)]) or not all(
             p.is_constexpr for p in params[len(args) :]
@@ -227,18 +235,15 @@ class LeanLauncher:
 
 
 def _features(args: tuple) -> tuple | None:
-    """What Triton specialises a kernel on, for these arguments, or more: each tensor's dtype
-    and 16-byte alignment, each integer's range and whether it is 1 or a multiple of 16,
-    each tensor descriptor's dtype and tile shape. None for any other kind of argument."""
+    """More than what Triton specialises a kernel on, for these arguments: each integer's
+    value (Triton asks only its range and whether it is 1 or a multiple of 16), each
+    tensor's dtype and 16-byte alignment, each tensor descriptor's dtype and tile shape.
+    Values key a little too finely, and cost half as much host time as ranges.
+    None for any other kind of argument."""
     key = []
     for a in args:
         if type(a) is int:
-            # 1 is a constant to Triton; otherwise: a multiple of 16, int32, or uint64
-            key.append(
-                8
-                if a == 1
-                else (a & 15 == 0) | (-(1 << 31) <= a < 1 << 31) << 1 | (a >= 1 << 63) << 2
-            )
+            key.append(a)
         elif isinstance(a, torch.Tensor):
             key.append(a.dtype)
             key.append(a.data_ptr() & 15 == 0)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from course_lib.kernels import vector_add
-from course_lib.kernels._launch import LeanLauncher, check_same
+from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
 
 # square tiles read transposed inputs down columns and contiguous ones along rows
 # equally well (measured on a Hopper GPU, 8192 x 8192 float32)
@@ -49,7 +49,7 @@ def add_2d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = x.new_empty((M, N))  # contiguous, with x's dtype and device
     if out.numel() == 0:
         return out
-    grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
+    grid = (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N))
     if grid[1] > 65535:  # CUDA's limit on the second grid axis
         raise ValueError(f"add_2d: {N} columns need {grid[1]} column tiles; at most 65535 fit")
     add_2d_launcher[grid](

@@ -1,18 +1,21 @@
 """The expert paths of lesson 05's matmul, taught in its appendix, "matmul on Hopper".
 
-`matmul` (matmul.py) offers each product here before it launches the lesson's kernel:
+`matmul` (matmul.py) hands each new layout of operands to `first_call`, which chooses
+a Route for it, kept for the next calls (`known_route`):
 
-- `aligned_operands` copies A and B into rows a multiple of 16 elements apart where they
-  are not, so that tiles load 16 bytes at a time (and copies views too wide for 32-bit
-  offsets);
-- `launch` hands TF32 products whose B has N contiguous to `tf32_b_first_kernel`, which
-  computes C^T = B^T A^T to suit the tensor cores, and, on the Hopper GPUs in TMA_GPUS,
-  large products to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit.
+- copies of A and B with rows a multiple of 16 elements apart where they are not, so
+  that tiles load 16 bytes at a time (and of views too wide for 32-bit offsets);
+- TF32 products whose B has N contiguous go to `tf32_b_first_kernel`, which computes
+  C^T = B^T A^T to suit the tensor cores; on the Hopper GPUs in TMA_GPUS, large products
+  go to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit; the lesson's
+  kernel takes the rest.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -21,12 +24,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.interpreter_guard import span
-from course_lib.kernels._launch import LeanLauncher
+from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_CONFIG,
     SMALL_PRODUCT,
     grouped_tile,
+    lesson_launch,
     store_tile,
     tile_configs,
     tile_offsets,
@@ -67,18 +71,84 @@ TMA_GPUS = {(9, 0)}
 TMA_MIN_PRODUCT = 2048**3
 
 
-def aligned_operands(
-    a: torch.Tensor, b: torch.Tensor, tf32: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A and B as the kernels read them fastest. TF32 wants A with K contiguous, copied so
-    if need be, and takes B either way (one with N contiguous goes B-first, see launch)."""
-    return _aligned(a, contiguous_axis=1) if tf32 else _aligned(a), _aligned(b)
+@dataclass
+class Route:
+    """How matmul computes products whose operands are laid out alike (see _layout):
+    which operands it copies first, with which axis contiguous (see padded_copy), and the
+    launch that follows, a function of (a, b, c) found by first_call."""
+
+    shape: tuple[int, int]  # C's
+    copy_a: int | None
+    copy_b: int | None
+    launch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        c = a.new_empty(self.shape)
+        self.launch(*self.copied(a, b), c)
+        return c
+
+    def copied(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.copy_a is not None:
+            a = padded_copy(a, self.copy_a)
+        if self.copy_b is not None:
+            b = padded_copy(b, self.copy_b)
+        return a, b
 
 
-def launch(
-    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None, tf32: bool
-) -> bool:
-    """c = a @ b on an expert path, if one takes this product; False if none does."""
+# how matmul computes a product, by the operands' layout (see _layout), found on the first
+# call with that layout: checking and choosing on every call would cost the host a good
+# part of a launch's time
+_routes: dict[tuple, Route] = {}
+
+
+def known_route(a, b, activation) -> Route | None:
+    """The Route that matmul took for operands laid out like these, if it has seen them."""
+    return _routes.get(_layout(a, b, activation))
+
+
+def _layout(a, b, activation) -> tuple | None:
+    """Everything matmul's checks and choice of kernel depend on: shapes, strides, dtypes,
+    devices, whether each operand starts 16-byte aligned, the activation and, for fp32,
+    whether TF32 is allowed. None where no route is kept (an argument that is not a
+    tensor, an unknown activation)."""
+    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    if not tensors or activation not in (None, "relu"):
+        return None
+    return (
+        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+        a.data_ptr() & 15, b.data_ptr() & 15, activation, _tf32(a),
+    )  # fmt: skip
+
+
+def _tf32(a: torch.Tensor) -> bool:
+    return a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """c = a @ b for operands that matmul has checked, by the Route chosen for them and
+    kept for the next calls with this layout.
+
+    A and B are first copied where `_copy_axis` says so. TF32 wants A with K contiguous
+    and takes B either way: one with N contiguous goes B-first (tf32_b_first_kernel). On
+    the Hopper GPUs in TMA_GPUS large products go to tma_matmul_kernel. The lesson's
+    kernel takes the rest."""
+    layout, tf32 = _layout(a, b, activation), _tf32(a)
+    M, N = a.shape[0], b.shape[1]
+    route = Route((M, N), _copy_axis(a, 1 if tf32 else None), _copy_axis(b))
+    a, b = route.copied(a, b)
+    c = a.new_empty((M, N))
+    route.launch = _expert_launch(a, b, c, activation, tf32) or lesson_launch(
+        a, b, c, activation, tf32
+    )
+    route.launch(a, b, c)
+    if len(_routes) >= MAX_KEPT:
+        _routes.clear()
+    _routes[layout] = route
+    return c
+
+
+def _expert_launch(a, b, c, activation: str | None, tf32: bool) -> Callable | None:
+    """The launch of an expert path that takes operands laid out like these, if one does."""
     (M, K), N = a.shape, b.shape[1]
     product = M * N * K
     worth_it = product >= TMA_MIN_PRODUCT or (
@@ -86,19 +156,17 @@ def launch(
     )
     if worth_it and _tma_suits(a, b, c, tf32):
         precision = "tf32" if tf32 else "ieee"
-        _tma_launch(a, b, c, activation or "", precision, config=None)
-        return True
+        return _tma_launch_for(a, b, c, activation or "", precision, config=None)
     if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
-        return False
-    args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+        return None
+    sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
+    meta = {"ACTIVATION": activation or ""}
     if runtime.INTERPRETED or product <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
-        grid = (triton.cdiv(M, config["BLOCK_M"]) * triton.cdiv(N, config["BLOCK_N"]),)
-        b_first_launcher[grid](*args, **config, ACTIVATION=activation or "")
-    else:
-        grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]),)
-        b_first_autotuned_launcher[grid](*args, ACTIVATION=activation or "")
-    return True
+        grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
+        return lambda a, b, c: b_first_launcher[grid](a, b, c, *sizes, **config, **meta)
+    grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
+    return lambda a, b, c: b_first_autotuned_launcher[grid](a, b, c, *sizes, **meta)
 
 
 @triton.jit
@@ -305,25 +373,34 @@ def tma_matmul(
             )
     if config is None and runtime.INTERPRETED:  # nothing to time there
         config = {**INTERPRETER_CONFIG, "WARP_SPECIALIZE": False}
-    _tma_launch(a, b, c, activation or "", input_precision, config)
+    _tma_launch_for(a, b, c, activation or "", input_precision, config)(a, b, c)
 
 
-def _tma_launch(a, b, c, activation: str, precision: str, config: dict | None) -> None:
-    """tma_matmul without its checks."""
-    b_rows = _by_rows(b)
-    descs = (_descriptor(a), _descriptor(b_rows), _descriptor(c))
+def _tma_launch_for(a, b, c, activation: str, precision: str, config: dict | None) -> Callable:
+    """tma_matmul without its checks, for operands laid out like a, b and c: a function of
+    (a, b, c) that builds the three descriptors and launches."""
+    b_k_major = _column_major(b)
     (M, K), N = a.shape, c.shape[1]
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
     meta = dict(
-        NUM_SMS=num_sms, B_K_MAJOR=b_rows is not b,
+        NUM_SMS=num_sms, B_K_MAJOR=b_k_major,
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
     )  # fmt: skip
-    grid = lambda m: (min(num_sms, triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"])),)
-    if config is None:
-        tma_autotuned_launcher[grid](*descs, M, N, K, **meta)
-    else:
-        _set_block_shapes(dict(zip(("a_desc", "b_desc", "c_desc"), descs)) | config | meta)
-        tma_launcher[grid(config)](*descs, M, N, K, **config, **meta)
+    grid = lambda m: (min(num_sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
+    launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
+    meta = meta if config is None else config | meta
+
+    def launch(a, b, c):
+        descs = {
+            "a_desc": _descriptor(a),
+            "b_desc": _descriptor(b.t() if b_k_major else b),
+            "c_desc": _descriptor(c),
+        }
+        if config is not None:  # the autotuner's pre_hook does this for each config it runs
+            _set_block_shapes(descs | meta)
+        launcher(*descs.values(), M, N, K, **meta)
+
+    return launch
 
 
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
@@ -341,9 +418,9 @@ def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tensor:
-    """`t`, or a copy whose `contiguous_axis` (by default the one already contiguous,
-    else the columns) is contiguous, with rows (or columns) a multiple of 16 elements apart.
+def _copy_axis(t: torch.Tensor, contiguous_axis: int | None = None) -> int | None:
+    """None where `t` suits the kernels as it is; else the axis to make contiguous in a
+    padded copy: `contiguous_axis`, by default the one already contiguous, else the columns.
 
     Tiles load 16 bytes at a time only where the compiler can prove that each row of a
     tile starts on a 16-byte boundary, and it knows only of integer arguments that they
@@ -360,8 +437,8 @@ def _aligned(t: torch.Tensor, contiguous_axis: int | None = None) -> torch.Tenso
         runtime.INTERPRETED  # nothing to gain there, and the copies cost time
         or (stride[contiguous_axis] == 1 and stride[1 - contiguous_axis] % 16 == 0)
     ):
-        return t
-    return padded_copy(t, contiguous_axis)
+        return None
+    return contiguous_axis
 
 
 def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
@@ -370,7 +447,7 @@ def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
     the padding takes the copy to 2^31 elements or more: the kernel's offsets are 32-bit."""
     src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
     rows, cols = src.shape
-    padded_cols = triton.cdiv(cols, 16) * 16
+    padded_cols = cdiv(cols, 16) * 16
     if span((rows, cols), (padded_cols, 1)) >= 2**31:
         raise ValueError(
             f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
@@ -378,7 +455,7 @@ def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
             "kernel's 32-bit offsets address; split the product into blocks of rows"
         )
     copy = t.new_empty((rows, padded_cols))[:, :cols]
-    tiles_r, tiles_c = triton.cdiv(rows, COPY_BLOCK), triton.cdiv(cols, COPY_BLOCK)
+    tiles_r, tiles_c = cdiv(rows, COPY_BLOCK), cdiv(cols, COPY_BLOCK)
     if copy.numel() > 0:
         copy_launcher[(tiles_r * tiles_c,)](
             src, copy, rows, cols, *src.stride(), *copy.stride(), tiles_c, BLOCK=COPY_BLOCK

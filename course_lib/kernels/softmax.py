@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.kernels._launch import LeanLauncher, check_same
+from course_lib.kernels._launch import LeanLauncher, cdiv, check_same, next_power_of_2
 
 MAX_FUSED_BLOCK = 16384  # widest row kept in registers in one program (64 KiB of fp32)
 CHUNK = 8192  # columns per program for wider rows
@@ -55,11 +55,11 @@ def softmax_kernel(
 
 
 @triton.jit
-def softmax_chunk_stats_kernel(
-    x_ptr, max_ptr, sum_ptr, n_cols, stride_x, n_chunks, BLOCK_N: tl.constexpr
-):
+def softmax_chunk_stats_kernel(x_ptr, stats_ptr, n_cols, stride_x, n_chunks, BLOCK_N: tl.constexpr):
     row = tl.program_id(axis=0).to(tl.int64)
     chunk = tl.program_id(axis=1)
+    # stats holds [2, rows, n_chunks]: each chunk's max, then its sum of exponentials
+    max_ptr, sum_ptr = _chunk_stats(stats_ptr, n_chunks)
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=-float("inf"))
     x = x.to(tl.float32)
@@ -72,11 +72,12 @@ def softmax_chunk_stats_kernel(
 
 @triton.jit
 def softmax_chunk_normalize_kernel(
-    x_ptr, out_ptr, max_ptr, sum_ptr, n_cols, stride_x, stride_out, n_chunks,
+    x_ptr, out_ptr, stats_ptr, n_cols, stride_x, stride_out, n_chunks,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(axis=0).to(tl.int64)
     chunk = tl.program_id(axis=1)
+    max_ptr, sum_ptr = _chunk_stats(stats_ptr, n_chunks)
     # every program of a row combines the row's chunk statistics: a few loads from L2
     idx = tl.arange(0, CHUNKS)
     chunk_max = tl.load(max_ptr + row * n_chunks + idx, mask=idx < n_chunks, other=-float("inf"))
@@ -89,6 +90,13 @@ def softmax_chunk_normalize_kernel(
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
     out = tl.exp(x - row_max) * (1.0 / row_sum)
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _chunk_stats(stats_ptr, n_chunks):
+    """Where the chunk maxima and the chunk sums start in stats [2, rows, n_chunks]: one
+    tensor, so that the host makes no views of it (each view costs a microsecond)."""
+    return stats_ptr, stats_ptr + tl.num_programs(axis=0).to(tl.int64) * n_chunks
 
 
 # each kernel[grid], lean: see _launch.py
@@ -112,23 +120,21 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty((n_rows, n_cols))  # contiguous, with x's dtype and device
     if out.numel() == 0:
         return out
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_power_of_2(n_cols)
     if block_n <= MAX_FUSED_BLOCK:
         rows, num_warps = _config(block_n)
-        grid = (triton.cdiv(n_rows, rows),)
+        grid = (cdiv(n_rows, rows),)
         softmax_launcher[grid](
             x, out, n_rows, n_cols, x.stride(0), out.stride(0),
             BLOCK_N=block_n, ROWS=rows, num_warps=num_warps,
         )  # fmt: skip
         return out
-    n_chunks = triton.cdiv(n_cols, CHUNK)
+    n_chunks = cdiv(n_cols, CHUNK)
     stats = x.new_empty((2, n_rows, n_chunks), dtype=torch.float32)
     grid = (n_rows, n_chunks)
-    chunk_stats_launcher[grid](
-        x, stats[0], stats[1], n_cols, x.stride(0), n_chunks, BLOCK_N=CHUNK, num_warps=8
-    )
+    chunk_stats_launcher[grid](x, stats, n_cols, x.stride(0), n_chunks, BLOCK_N=CHUNK, num_warps=8)
     chunk_normalize_launcher[grid](
-        x, out, stats[0], stats[1], n_cols, x.stride(0), out.stride(0), n_chunks,
-        BLOCK_N=CHUNK, CHUNKS=triton.next_power_of_2(n_chunks), num_warps=8,
+        x, out, stats, n_cols, x.stride(0), out.stride(0), n_chunks,
+        BLOCK_N=CHUNK, CHUNKS=next_power_of_2(n_chunks), num_warps=8,
     )  # fmt: skip
     return out

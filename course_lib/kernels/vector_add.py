@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.kernels._launch import LeanLauncher, check_same
+from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
 
 BLOCK_SIZE = 1024
 NUM_WARPS = 4
@@ -37,6 +37,6 @@ def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     n_elements = out.numel()
     if n_elements == 0:
         return out
-    grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
+    grid = (cdiv(n_elements, BLOCK_SIZE),)
     add_launcher[grid](x, y, out, n_elements, BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS)
     return out
