@@ -184,14 +184,15 @@ def add_2d_kernel(
     tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :] * son, x + y, mask=mask)
 
 
-def _add_2d(x, y, *, strides=None, swap=False, row_mask_only=False, floor_grid=False):
+def _add_2d(x, y, *, strides=None, swap=False, row_mask_only=False, floor_grid=False,
+            tiles=(BLOCK_M, BLOCK_N), out=None):  # fmt: skip
     M, N = x.shape
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     div = (lambda a, b: max(a // b, 1)) if floor_grid else triton.cdiv
-    grid = (div(M, BLOCK_M), div(N, BLOCK_N))
+    grid = (div(M, tiles[0]), div(N, tiles[1]))
     strides = strides or (*x.stride(), *y.stride())
-    add_2d_kernel[grid](x, y, out, M, N, *strides, *out.stride(), BLOCK_M=BLOCK_M,
-                        BLOCK_N=BLOCK_N, SWAP_AXES=swap, ROW_MASK_ONLY=row_mask_only)  # fmt: skip
+    add_2d_kernel[grid](x, y, out, M, N, *strides, *out.stride(), BLOCK_M=tiles[0],
+                        BLOCK_N=tiles[1], SWAP_AXES=swap, ROW_MASK_ONLY=row_mask_only)  # fmt: skip
     return out
 
 
@@ -375,3 +376,82 @@ def add_blocks_spread_apart(x, y):
 
 def add_writes_into_x(x, y):
     return _shifted(x, y, into_x=True)
+
+
+# --- mistakes whose hints must not point at the wrong fix ---------------------------------
+
+
+@triton.jit
+def add_unscaled_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) + tl.arange(0, BLOCK_SIZE)  # mistake: pid not times the block
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def add_unscaled_offsets(x, y, block=BLOCK_SIZE):
+    out = torch.empty_like(x)
+    add_unscaled_kernel[(triton.cdiv(x.numel(), block),)](x, y, out, x.numel(), BLOCK_SIZE=block)
+    return out
+
+
+def add_unscaled_offsets_notebook_block(x, y):
+    return add_unscaled_offsets(x, y, block=1024)  # lesson 01's BLOCK_SIZE
+
+
+def add_grid_too_small_notebook_block(x, y):
+    out = torch.empty_like(x)
+    add_kernel[(x.numel() // 1024 or 1,)](x, y, out, x.numel(), BLOCK_SIZE=1024)
+    return out
+
+
+@triton.jit
+def relu_nan_to_zero_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, tl.where(x > 0.0, x, 0.0), mask=mask)  # NaN > 0 is False
+
+
+def relu_nan_to_zero(x):
+    return _relu_launch(relu_nan_to_zero_kernel, x)
+
+
+def relu_grid_for_one_block_size(x, BLOCK_SIZE=1024):  # noqa: N803  (the lesson's name)
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), 1024),)  # mistake: the grid ignores BLOCK_SIZE
+    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
+    return out
+
+
+@triton.jit
+def relu_nan_keeping_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    out = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(out_ptr + offsets, out, mask=mask)
+
+
+def add_2d_swapped_axes_notebook_tiles(x, y):
+    return _add_2d(x, y, swap=True, tiles=(32, 128))  # lesson 03's tiles
+
+
+def add_2d_swapped_x_strides(x, y, tiles=(BLOCK_M, BLOCK_N)):
+    return _add_2d(x, y, strides=(*x.stride()[::-1], *y.stride()), tiles=tiles)
+
+
+def add_2d_swapped_x_strides_notebook_tiles(x, y):
+    return add_2d_swapped_x_strides(x, y, tiles=(32, 128))
+
+
+def add_2d_output_like_x(x, y):
+    return _add_2d(x, y, out=torch.empty_like(x))  # keeps a transposed x's strides
+
+
+def relu_nan_keeping_launcher(x, BLOCK_SIZE=1024):  # noqa: N803  (right: the grid follows it)
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), BLOCK_SIZE),)
+    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
+    return out

@@ -37,7 +37,8 @@ def test_finished_kernels_pass_with_one_deterministic_line(check, fn, capsys):
     name = result.name
     assert out == f"✓ {name}: every case passed\n"
     assert repr(result) == f"✓ {name}: every case passed"
-    assert "<details>" in result._repr_html_() and name in result._repr_html_()
+    # Jupyter shows the printed headline, then the cases folded away: the headline once
+    assert "<details>" in result._repr_html_() and result.headline not in result._repr_html_()
     labels = [c.label for c in result.cases]
     assert len(labels) >= 7
     assert any("float16" in label for label in labels)
@@ -170,6 +171,26 @@ MISTAKES = [
     (course_lib.check_vector_add, broken.add_wrong_op, "elements wrong; worst at", "you subtract"),
     (
         course_lib.check_vector_add,
+        broken.add_grid_too_small_notebook_block,
+        "only the first",
+        "the grid is too small",
+    ),
+    (course_lib.check_vector_add, broken.add_unscaled_offsets, "only the first", "blocks overlap"),
+    (
+        course_lib.check_vector_add,
+        broken.add_unscaled_offsets_notebook_block,
+        "only the first",
+        "blocks overlap",
+    ),
+    (course_lib.check_relu, broken.relu_nan_to_zero, "with NaN", "NaN became 0"),
+    (
+        course_lib.check_relu,
+        broken.relu_grid_for_one_block_size,
+        "BLOCK_SIZE=256: only the first",
+        "wrong at BLOCK_SIZE=256",
+    ),
+    (
+        course_lib.check_vector_add,
         broken.add_wrong_dtype,
         "output dtype torch.float32, expected torch.float16",
         "dtype",
@@ -208,6 +229,32 @@ MISTAKES = [
         "assumes contiguous memory",
     ),
     (course_lib.check_add_2d, broken.add_2d_swapped_axes, "rows written", "axes disagree"),
+    (
+        course_lib.check_add_2d,
+        broken.add_2d_swapped_axes_notebook_tiles,
+        "written",
+        "axes disagree",
+    ),
+    pytest.param(
+        course_lib.check_add_2d,
+        broken.add_2d_swapped_x_strides,
+        "64x64 (square), float32: ",
+        "x's row and column strides are swapped",
+        marks=ON_GPU_IT_CRASHES,
+    ),
+    pytest.param(
+        course_lib.check_add_2d,
+        broken.add_2d_swapped_x_strides_notebook_tiles,
+        "64x64 (square), float32: ",
+        "x's row and column strides are swapped",
+        marks=ON_GPU_IT_CRASHES,
+    ),
+    (
+        course_lib.check_add_2d,
+        broken.add_2d_output_like_x,
+        "x transposed, float32: the output is not contiguous",
+        "torch.empty_like(x) copies x's strides",
+    ),
     (
         course_lib.check_add_2d,
         broken.add_2d_row_mask_only,
@@ -279,6 +326,35 @@ def test_check_names_the_mistake(check, fn, problem, hint):
     report = _failure(check, fn)
     assert problem in report, report
     assert re.search(r"hint: .*" + re.escape(hint), report), report
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "misleading"),
+    [
+        (course_lib.check_vector_add, broken.add_unscaled_offsets, "the grid is too small"),
+        (
+            course_lib.check_vector_add,
+            broken.add_unscaled_offsets_notebook_block,
+            "the grid is too small",
+        ),
+        (course_lib.check_add_2d, broken.add_2d_swapped_axes_notebook_tiles, "the grid misses"),
+        pytest.param(
+            course_lib.check_add_2d,
+            broken.add_2d_swapped_x_strides_notebook_tiles,
+            "mask both dimensions",
+            marks=ON_GPU_IT_CRASHES,
+        ),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_hints_never_point_at_the_wrong_fix(check, fn, misleading):
+    assert misleading not in _failure(check, fn)
+
+
+def test_a_relu_with_a_block_size_argument_is_checked_at_another_block_size():
+    labels = [c.label for c in course_lib.check_relu(broken.relu_nan_keeping_launcher).cases]
+    assert any(label.endswith("BLOCK_SIZE=256") for label in labels)
+    assert not any("BLOCK_SIZE" in c.label for c in course_lib.check_relu(relu.relu).cases)
 
 
 def test_vector_add_sizes_cover_the_awkward_cases():

@@ -38,10 +38,18 @@ STRIDES_HINT = (
     "passing x.stride(0), x.stride(1) (and y's, and out's) to the kernel"
 )
 SWAPPED_HINT = (
-    "some shapes are covered and others are not: the grid's axes and "
-    "tl.program_id's axes disagree. Rows are axis 0: pid_m = tl.program_id(0), "
+    "the parts written are what programs cover whose grid axes and tl.program_id axes "
+    "disagree. Rows are axis 0: pid_m = tl.program_id(0), "
     "grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))"
 )
+SWAPPED_STRIDES_HINTS = {
+    name: f"{name}'s row and column strides are swapped: element (m, n) of {name} is at "
+    f"{name}_ptr + m * stride_{name}m + n * stride_{name}n, with stride_{name}m = "
+    f"{name}.stride(0) and stride_{name}n = {name}.stride(1)"
+    for name in ("x", "y")
+}
+# tiles a learner may choose, for the grid's coverage to be worked out: 1 to 1024 a side
+_TILE_SIDES = [1 << p for p in range(11)]
 
 
 def _layouts(m: int, n: int, generator: torch.Generator, dtype) -> dict[str, torch.Tensor]:
@@ -62,6 +70,7 @@ def _cases(seed: int) -> list[Case]:
         ((runtime.by_mode(gpu=100_003, interpreter=1000), 1), "one column"),
         ((37, 61), "smaller than a tile"),
         ((130, 257), "not a multiple of the tile"),
+        ((64, 64), "square"),
         ((runtime.by_mode(gpu=4099, interpreter=700), 33), "tall"),
         ((33, runtime.by_mode(gpu=4099, interpreter=700)), "wide"),
         (
@@ -97,16 +106,48 @@ def _cases(seed: int) -> list[Case]:
 def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
     """Hints that only a comparison of cases reveals."""
     contiguous = [r for c, r in zip(cases, results) if c.kind == "contiguous"]
+    crossed = _axes_crossed(cases, results)
+    # swapped strides read far outside a non-square input, which alone looks like a
+    # missing mask; where a square case names the swap, say so for all of them
+    swap = next((r.hint for r in results if r.hint in SWAPPED_STRIDES_HINTS.values()), None)
     for case, result in zip(cases, results):
         if result.passed:
             continue
-        if case.kind != "contiguous" and all(r.passed for r in contiguous):
-            result.hint = STRIDES_HINT
-        elif any(r.passed for r in contiguous) and any(
-            "rows written" in p or "columns written" in p for p in result.problems
+        if swap is not None and result.hint in (
+            HINTS.out_of_bounds,
+            HINTS.read_past_end,
+            HINTS.wrong_values,
         ):
-            # the grid covers some shapes fully and others not: its axes are crossed
+            result.hint = swap
+        elif result.hint == HINTS.not_contiguous:
+            continue  # right values in the wrong layout: nothing to do with the strides read
+        elif case.kind != "contiguous" and all(r.passed for r in contiguous):
+            result.hint = STRIDES_HINT
+        elif crossed and result.written_extent is not None:
             result.hint = SWAPPED_HINT
+
+
+def _axes_crossed(cases: Sequence[Case], results: list[CaseResult]) -> bool:
+    """Whether the rows and columns written in every case are those that a grid of
+    (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) programs covers when each takes its row tile
+    from axis 1 and its column tile from axis 0, for one choice of tiles."""
+    seen = []
+    for case, result in zip(cases, results):
+        m, n = case.inputs[0].shape
+        if result.passed:
+            seen.append((m, n, (m, n)))
+        elif result.written_extent is not None:
+            seen.append((m, n, result.written_extent))
+    if all(extent == (m, n) for m, n, extent in seen):
+        return False
+    return any(
+        all(
+            extent == (min(m, -(-n // block_n) * block_m), min(n, -(-m // block_m) * block_n))
+            for m, n, extent in seen
+        )
+        for block_m in _TILE_SIDES
+        for block_n in _TILE_SIDES
+    )
 
 
 def _as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -120,7 +161,13 @@ def check_add_2d(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Ch
             lambda x, y: _as_if_contiguous(x) + _as_if_contiguous(y),
             STRIDES_HINT.split(": ", 1)[1],
         ),
+        # on a square matrix, swapped strides read the transpose
+        KnownMistake(lambda x, y: x.t() + y, SWAPPED_STRIDES_HINTS["x"]),
+        KnownMistake(lambda x, y: x + y.t(), SWAPPED_STRIDES_HINTS["y"]),
         KnownMistake(lambda x, y: x - y, "you subtract: the kernel should compute x + y"),
         KnownMistake(lambda x, y: x + x, "you add x to itself: load y through y_ptr"),
     ]
-    return run_check("add_2d", fn, _cases(seed=3), references.add_2d, mistakes, HINTS, _refine)
+    return run_check(
+        "add_2d", fn, _cases(seed=3), references.add_2d, mistakes, HINTS, _refine,
+        contiguous_output=True,
+    )  # fmt: skip

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 
 import torch
 
 from course_lib import references, runtime
-from course_lib.checks.engine import Case, CheckResult, KnownMistake, random_input, run_check
+from course_lib.checks.engine import (
+    Case,
+    CaseResult,
+    CheckResult,
+    KnownMistake,
+    random_input,
+    run_check,
+)
 
 # Odd sizes are a multiple of no block size, so every case has a partial last block.
 SIZES: list[tuple[int, str]] = [
@@ -46,9 +54,57 @@ def check_vector_add(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     return run_check("vector_add", fn, _cases(2, seed=1), references.vector_add, mistakes)
 
 
+# a block size other than any notebook's, for launchers that take one
+OTHER_BLOCK_SIZE = 256
+NAN_TO_ZERO_HINT = (
+    "NaN became 0: tl.maximum(x, 0.0) returns the number when the other side is NaN. "
+    "Keep NaN, as torch.relu does: tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)"
+)
+FIXED_BLOCK_HINT = (
+    f"right at your launcher's own BLOCK_SIZE, wrong at BLOCK_SIZE={OTHER_BLOCK_SIZE}: "
+    "work the grid out from the argument, (triton.cdiv(n_elements, BLOCK_SIZE),), and pass "
+    "BLOCK_SIZE=BLOCK_SIZE to the kernel"
+)
+
+
+def _special_values_case(seed: int) -> Case:
+    """NaN, ±inf and ±0 among random values: what a ReLU must keep, turn to 0, or keep."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(1000, generator=generator) * 4
+    x[::7], x[3::11], x[5::13], x[6::17] = float("nan"), float("inf"), -float("inf"), -0.0
+    return Case("n=1000 with NaN, ±inf and -0.0, float32", (x.to(runtime.DEVICE),))
+
+
+def _block_size_cases(fn: Callable, cases: list[Case]) -> list[Case]:
+    """The same cases at OTHER_BLOCK_SIZE, where `fn` takes a BLOCK_SIZE argument."""
+    try:
+        takes_block = "BLOCK_SIZE" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        takes_block = False
+    if not takes_block:
+        return []
+    return [
+        Case(f"{c.label}, BLOCK_SIZE={OTHER_BLOCK_SIZE}", c.inputs, "other block size",
+             kwargs={"BLOCK_SIZE": OTHER_BLOCK_SIZE})
+        for c in cases if c.inputs[0].dtype == torch.float32 and c.inputs[0].numel() > 37
+    ]  # fmt: skip
+
+
+def _refine_block_size(cases: Sequence[Case], results: list[CaseResult]) -> None:
+    """A launcher right at its own block size and wrong at another fixes its grid."""
+    own = [r for c, r in zip(cases, results) if c.kind != "other block size"]
+    if not all(r.passed for r in own):
+        return
+    for case, result in zip(cases, results):
+        if case.kind == "other block size" and not result.passed:
+            result.hint = FIXED_BLOCK_HINT
+
+
 def check_relu(fn: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
-    """Check `fn(x)`, your launcher for lesson 02, against torch.relu."""
+    """Check `fn(x)`, your launcher for lesson 02, against torch.relu: NaN stays NaN, and
+    a launcher with a BLOCK_SIZE argument must work at other block sizes too."""
     mistakes = [
+        KnownMistake(lambda x: torch.relu(x).masked_fill(x.isnan(), 0.0), NAN_TO_ZERO_HINT),
         KnownMistake(lambda x: x, "the output equals the input: apply tl.maximum(x, 0.0)"),
         KnownMistake(
             lambda x: torch.minimum(x, torch.zeros_like(x)),
@@ -57,4 +113,6 @@ def check_relu(fn: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
         KnownMistake(lambda x: x.abs(), "you took the absolute value: negatives must become 0"),
         KnownMistake(lambda x: -torch.relu(x), "the sign is flipped: ReLU is max(x, 0)"),
     ]
-    return run_check("relu", fn, _cases(1, seed=2), references.relu, mistakes)
+    cases = [*_cases(1, seed=2), _special_values_case(seed=2)]
+    cases += _block_size_cases(fn, cases)
+    return run_check("relu", fn, cases, references.relu, mistakes, refine=_refine_block_size)

@@ -34,6 +34,7 @@ class Case:
     kind: str = ""
     tolerance: torch.dtype | str | None = None  # a TOLERANCES key; default: output dtype
     atol_scale: float = 1.0  # e.g. sqrt(K) for a dot product of K terms
+    kwargs: dict = field(default_factory=dict)  # passed by name too (BLOCK_SIZE=256, ...)
 
 
 def random_input(
@@ -85,6 +86,20 @@ class Hints:
         "each program must cover its own block: "
         "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)"
     )
+    unscaled_offsets: str = (
+        "the programs' blocks overlap, each starting one element after the one before, "
+        "as if offsets = pid + tl.arange(0, BLOCK_SIZE). Scale by the block: "
+        "offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)"
+    )
+    stops_short: str = (
+        "the written part ends more than a block before the end, so the grid's size alone "
+        "does not explain it: check how each program's offsets follow from its program id"
+    )
+    stops_short_2d: str = (
+        "the written part ends more than a tile before the edge, so the grid's size alone "
+        "does not explain it: check which tl.program_id axis gives the rows and which the "
+        "columns, and how the offsets follow from them"
+    )
     unmasked_load: str = (
         "the result is right by luck: reading past the end is undefined on a GPU. "
         "Pass mask= to tl.load as well as to tl.store"
@@ -101,6 +116,10 @@ class Hints:
         "the values differ from the reference: check the operation your kernel applies"
     )
     dtype: str = "allocate the output with the inputs' dtype (torch.empty_like(x) keeps it)"
+    not_contiguous: str = (
+        "allocate the output contiguous, torch.empty((M, N), dtype=x.dtype, device=x.device): "
+        "torch.empty_like(x) copies x's strides, transposed ones included"
+    )
 
 
 @dataclass
@@ -109,6 +128,9 @@ class CaseResult:
     problems: list[str] = field(default_factory=list)
     hint: str | None = None
     relative_error: float | None = None  # ‖got - expected‖ / ‖expected‖, when values were wrong
+    # where only whole trailing rows and columns went unwritten: how many rows and columns
+    # were written, for a check's refine to compare with what a mistake would leave
+    written_extent: tuple[int, int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -149,12 +171,9 @@ class CheckResult:
         return self.headline
 
     def _repr_html_(self) -> str:
-        color = "#1a7f37" if self.passed else "#cf222e"
+        # the headline was printed when the check ran: Jupyter shows the cases under it
         details = html.escape("\n".join(line for c in self.cases for line in c.lines()))
-        return (
-            f'<div><b style="color:{color}">{html.escape(self.headline)}</b>'
-            f"<details><summary>cases</summary><pre>{details}</pre></details></div>"
-        )
+        return f"<details><summary>{len(self.cases)} cases</summary><pre>{details}</pre></details>"
 
 
 class CheckFailed(AssertionError):
@@ -178,12 +197,15 @@ def run_check(
     mistakes: Sequence[KnownMistake] = (),
     hints: Hints = Hints(),
     refine: Callable[[Sequence[Case], list[CaseResult]], None] | None = None,
+    contiguous_output: bool = False,
 ) -> CheckResult:
     """Run every case; print one line and return the result, or raise CheckFailed.
 
     `refine`, if given, sees all cases and their results at the end and may
     sharpen hints that only a comparison across cases reveals (say, contiguous
     inputs pass and transposed ones fail: the kernel ignores strides).
+    `contiguous_output` makes an output with other strides a problem, where the
+    exercise asks for a contiguous one.
     """
     if not callable(fn):
         raise TypeError(f"check_{name} expects your launcher function, got {type(fn).__name__}")
@@ -193,7 +215,7 @@ def run_check(
             # after an illegal memory access every CUDA call fails: run nothing more
             results.append(CaseResult(case.label, ["not run: the CUDA context is lost"]))
             continue
-        results.append(_run_case(fn, case, reference, mistakes, hints))
+        results.append(_run_case(fn, case, reference, mistakes, hints, contiguous_output))
     if refine is not None:
         refine(cases, results)
     result = CheckResult(name, results)
@@ -214,7 +236,9 @@ def _input_names(n: int) -> list[str]:
     return ["x", "y", "z", "w"][:n] if n <= 4 else [f"input {i}" for i in range(n)]
 
 
-def _run_case(fn, case: Case, reference, mistakes, hints: Hints) -> CaseResult:
+def _run_case(
+    fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool
+) -> CaseResult:
     result = CaseResult(case.label)
     expected = reference(*case.inputs)
     names = _input_names(len(case.inputs))
@@ -227,7 +251,7 @@ def _run_case(fn, case: Case, reference, mistakes, hints: Hints) -> CaseResult:
         watch = interpreter_guard.watching(ranges)
     try:
         with watch as stray_accesses, counting_launches() as launches, arena:
-            out = fn(*inputs)
+            out = fn(*inputs, **case.kwargs)
             if runtime.MODE == "gpu":
                 torch.cuda.synchronize()
     except NotImplementedError as error:
@@ -244,6 +268,10 @@ def _run_case(fn, case: Case, reference, mistakes, hints: Hints) -> CaseResult:
         result.hint = NO_LAUNCH_HINT
     diagnosis = _Diagnosis(result, hints, case, mistakes)
     diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
+    if contiguous_output and isinstance(out, torch.Tensor) and not out.is_contiguous():
+        diagnosis.problem(
+            f"the output is not contiguous (strides {list(out.stride())})", hints.not_contiguous
+        )
     stray_reads = sum(n for (kind, _), n in stray_accesses.items() if kind == "load")
     if stray_reads and result.passed:
         result.problems.append(
@@ -294,6 +322,30 @@ def _learners_frame(error: BaseException):
     return frames[-1] if frames else None
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN included (torch.equal says NaN differs from itself)."""
+    return bool(torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+
+
+def _prefix_hint(
+    written: int, n: int, grid_hint: str, other_hint: str, unscaled_hint: str | None = None
+) -> str:
+    """What to say when only the first `written` of `n` elements (rows, columns) were written.
+
+    A grid of floor(n / BLOCK) programs writes whole blocks, so `written` is a multiple of
+    the block size (a power of two) and less than one block is missing: only then is the
+    grid to blame. Programs whose offsets start at pid instead of pid * BLOCK, with a
+    cdiv grid, write cdiv(n, BLOCK) - 1 + BLOCK elements.
+    """
+    if written and n - written < written & -written:  # the largest power of two dividing it
+        return grid_hint
+    if unscaled_hint is not None:
+        for block in (1 << p for p in range(4, 17)):
+            if -(-n // block) - 1 + block == written:
+                return unscaled_hint
+    return other_hint
+
+
 @dataclass
 class _Diagnosis:
     """Turns what one case left behind into problems and the most specific hint."""
@@ -313,7 +365,7 @@ class _Diagnosis:
             return
         names = _input_names(len(inputs))
         for name, view, clean in zip(names, inputs, self.case.inputs):
-            if not torch.equal(view, clean):
+            if not torch.equal(view, clean) and not _same_values(view, clean):
                 self.problem(
                     f"input `{name}` was modified",
                     "tl.store must write only to the output's pointer, never to an input's",
@@ -387,9 +439,10 @@ class _Diagnosis:
         flat = unwritten.reshape(-1)
         first = int(flat.nonzero()[0])
         if bool(flat[first:].all()):
-            self.problem(
-                f"only the first {first} of {n} elements written", self.hints.grid_too_small
-            )
+            self.problem(f"only the first {first} of {n} elements written", _prefix_hint(
+                first, n, self.hints.grid_too_small, self.hints.stops_short,
+                self.hints.unscaled_offsets,
+            ))  # fmt: skip
         else:
             self.problem(f"{count} of {n} elements never written", self.hints.scattered)
 
@@ -403,20 +456,24 @@ class _Diagnosis:
         first_col = int(cols.nonzero()[0]) if cols.any() else n_cols
         if not (bool(rows[first_row:].all()) and bool(cols[first_col:].all())):
             return False
+        self.result.written_extent = first_row, first_col
+        # a grid that stops short leaves less than a tile unwritten, past a written part
+        # made of whole tiles; more than that has another cause
+        short = self.hints.stops_short_2d
+        rows_hint = _prefix_hint(first_row, n_rows, self.hints.missing_rows, short)
+        cols_hint = _prefix_hint(first_col, n_cols, self.hints.missing_columns, short)
         if first_row < n_rows and first_col < n_cols:
+            both = self.hints.missing_edges if short not in (rows_hint, cols_hint) else short
             self.problem(
                 f"rows {first_row}.. and columns {first_col}.. never written "
                 f"(of {n_rows} x {n_cols})",
-                self.hints.missing_edges,
+                both,
             )
         elif first_row < n_rows:
-            self.problem(
-                f"only the first {first_row} of {n_rows} rows written", self.hints.missing_rows
-            )
+            self.problem(f"only the first {first_row} of {n_rows} rows written", rows_hint)
         else:
             self.problem(
-                f"only the first {first_col} of {n_cols} columns written in every row",
-                self.hints.missing_columns,
+                f"only the first {first_col} of {n_cols} columns written in every row", cols_hint
             )
         return True
 
