@@ -167,16 +167,23 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
 
 def lesson_launch(a, b, c, activation: str | None, tf32: bool):
     """The launch of matmul_kernel for operands laid out like a, b and c, as a function
-    of (a, b, c): one modest tile for small products, autotuned tiles for the others."""
+    of (a, b, c)."""
+    meta = {"ACTIVATION": activation or "", "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
+    return tiled_launch(matmul_launcher, matmul_autotuned_launcher, a, b, c, meta)
+
+
+def tiled_launch(plain: LeanLauncher, tuned: LeanLauncher, a, b, c, meta: dict):
+    """The launch, as a function of (a, b, c), of a kernel with matmul_kernel's parameters
+    for operands laid out like a, b and c: `plain` with one modest tile for small products,
+    `tuned`, its autotuned twin, for the others."""
     (M, K), N = a.shape, b.shape[1]
     sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
-    meta = {"ACTIVATION": activation or "", "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
-        return lambda a, b, c: matmul_launcher[grid](a, b, c, *sizes, **config, **meta)
+        return lambda a, b, c: plain[grid](a, b, c, *sizes, **config, **meta)
     grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
-    return lambda a, b, c: matmul_autotuned_launcher[grid](a, b, c, *sizes, **meta)
+    return lambda a, b, c: tuned[grid](a, b, c, *sizes, **meta)
 
 
 # the expert paths and the routes kept per layout; last, for they build on this module

@@ -27,13 +27,13 @@ from course_lib.interpreter_guard import span
 from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
-    SMALL_CONFIG,
     SMALL_PRODUCT,
     grouped_tile,
     lesson_launch,
     store_tile,
     tile_configs,
     tile_offsets,
+    tiled_launch,
 )
 
 COPY_BLOCK = 64  # tiles of COPY_BLOCK x COPY_BLOCK in the copies that pad rows
@@ -159,14 +159,8 @@ def _expert_launch(a, b, c, activation: str | None, tf32: bool) -> Callable | No
         return _tma_launch_for(a, b, c, activation or "", precision, config=None)
     if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
         return None
-    sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
     meta = {"ACTIVATION": activation or ""}
-    if runtime.INTERPRETED or product <= SMALL_PRODUCT:
-        config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
-        grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
-        return lambda a, b, c: b_first_launcher[grid](a, b, c, *sizes, **config, **meta)
-    grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
-    return lambda a, b, c: b_first_autotuned_launcher[grid](a, b, c, *sizes, **meta)
+    return tiled_launch(b_first_launcher, b_first_autotuned_launcher, a, b, c, meta)
 
 
 @triton.jit
