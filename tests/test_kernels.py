@@ -119,9 +119,12 @@ SOFTMAX_SHAPES = [(1, 1), (3, 1), (1, 781), (37, 1024), (5, 3001), (3, 20_000), 
 
 @pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=[f"{m}x{n}" for m, n in SOFTMAX_SHAPES])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softmax_matches_torch(shape, dtype):
+def test_softmax_matches_float64_softmax(shape, dtype):
     x = (torch.randn(*shape, device=DEVICE) * 3).to(dtype)
-    _close(softmax.softmax(x), torch.softmax(x, dim=-1))
+    # float32 torch.softmax itself drifts past float32's tolerance on rows of 70,001:
+    # compare with the exact answer, rounded to the kernel's dtype
+    expected = torch.softmax(x.double(), dim=-1).to(dtype)
+    _close(softmax.softmax(x), expected)
 
 
 @pytest.mark.parametrize("n_cols", [300, 30_000], ids=["one-block", "split-rows"])
