@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course_lib import gpu_rules
+
 
 class OutOfBoundsAccess(IndexError):
     """A kernel's tl.load or tl.store reached memory outside every tensor argument."""
@@ -180,6 +182,7 @@ def install() -> bool:
         return args_hst, kwargs_hst
 
     def __call__(self, *args, **kwargs):
+        gpu_rules.check_launch(self.fn, args, kwargs)
         token = _extents.set(None)
         try:
             # a GPU makes NaN and inf silently; so does the interpreter, without warnings

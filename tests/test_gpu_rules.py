@@ -1,0 +1,95 @@
+"""The interpreter's warning about kernels a GPU compile would refuse."""
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+import triton.language.core as tl_core
+
+from course_lib import gpu_rules, runtime
+from course_lib.gpu_rules import GPUCompileWarning
+
+pytestmark = pytest.mark.skipif(not runtime.INTERPRETED, reason="interpreter only")
+
+
+@triton.jit
+def doubled(x):
+    return x * 2
+
+
+@triton.jit
+def softmax_row_fp32(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Right on a GPU: float16 in, float32 math through library calls and a helper."""
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + offsets, doubled(e / tl.sum(e, axis=0)) / 2, mask=offsets < n)
+
+
+@triton.jit
+def exp_in_fp16(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, tl.exp(x), mask=offsets < n)
+
+
+@triton.jit
+def if_on_a_block(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    if x > 0:
+        x = x * 2
+    tl.store(out_ptr + offsets, x, mask=offsets < n)
+
+
+@triton.jit
+def unsolved(x_ptr, BLOCK: tl.constexpr):
+    tl.static_assert(False, "Exercise 'ex-k': replace this line with your code")
+
+
+def _launch(kernel, dtype=torch.float16, n=100):
+    x = torch.randn(n).to(dtype)
+    out = torch.empty_like(x)
+    kernel[(1,)](x, out, n, BLOCK=128)
+    return x, out
+
+
+def test_a_kernel_that_compiles_for_a_gpu_runs_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        x, out = _launch(softmax_row_fp32)
+    torch.testing.assert_close(out, torch.softmax(x.float(), 0).half())
+
+
+def test_float16_exp_is_reported_with_the_float32_fix():
+    with pytest.warns(GPUCompileWarning, match=r"exp_in_fp16.*tl\.exp\(x\).*x\.to\(tl\.float32\)"):
+        with contextlib.suppress(Exception):  # newer interpreters refuse it themselves
+            _launch(exp_in_fp16)
+
+
+def test_an_if_on_a_block_is_reported_once_with_tl_where_and_still_runs():
+    with pytest.warns(GPUCompileWarning, match=r"at `if x > 0:`.*tl\.where"):
+        _launch(if_on_a_block, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        _launch(if_on_a_block, torch.float32)  # same kernel and types: said already
+        _launch(if_on_a_block, torch.float16)  # other types, same reason: nothing new
+
+
+def test_an_unsolved_exercise_fails_with_its_own_message_only():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        with pytest.raises(Exception, match="replace this line"):
+            unsolved[(1,)](torch.ones(4), BLOCK=4)
+
+
+def test_the_check_leaves_the_interpreter_as_it_found_it():
+    _launch(softmax_row_fp32, n=37)  # whatever a launch leaves patched, the check keeps
+    watched = [(tl_core, "program_id"), (tl_core, "load"), (tl, "max"), (tl, "sum")]
+    before = [getattr(owner, name) for owner, name in watched]
+    x = torch.randn(8)
+    gpu_rules.check_launch(softmax_row_fp32.fn, (x, x, 8), {"BLOCK": 8})
+    assert [getattr(owner, name) for owner, name in watched] == before
