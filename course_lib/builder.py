@@ -16,7 +16,9 @@ raises NotImplementedError; inside a ``@triton.jit`` function, where ``raise`` d
 not compile, it is a ``tl.static_assert(False, ...)`` that fails at launch. Every
 exercise cell must hold at least one plain-Python region, so that running an
 unsolved notebook stops at its first exercise with NotImplementedError. Outputs
-are cleared.
+are cleared, except the recorded GPU run of a ``gpu_only`` cell, which is kept under
+a line naming the GPU it ran on (see recordings.py) and also written to
+course_lib/gpu_recordings/ for learners running without a GPU.
 
 A learner may work in notebooks/ directly, so the builder never overwrites a
 notebook whose cells differ from what it generated last time (it keeps a
@@ -39,8 +41,12 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib import recordings
+from course_lib.recordings import label as label_for
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, NOTEBOOKS = ROOT / "solutions", ROOT / "notebooks"
+RECORDINGS = recordings.RECORDINGS
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 _MARKER = re.compile(r"^(\s*)### (BEGIN|END) SOLUTION\s*$")
 
@@ -186,7 +192,12 @@ def build_notebook(solution_path: Path) -> nbformat.NotebookNode:
                 f"{where}: solution markers in a cell without nbgrader solution metadata"
             )
         if cell.cell_type == "code":
-            cell.outputs = []
+            recorded_on = cell.metadata.get("course", {}).get("recorded_on")
+            if cell.outputs and recorded_on and _gpu_step(cell.source):
+                label = nbformat.v4.new_output("stream", name="stdout", text=label_for(recorded_on))
+                cell.outputs = [label, *cell.outputs]
+            else:
+                cell.outputs = []
             cell.execution_count = None
         cell.metadata.pop("execution", None)
     nb.metadata["course"] = {
@@ -201,6 +212,35 @@ def _serialise(nb) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def _gpu_step(source: str) -> str | None:
+    """The step a cell's gpu_only("...") call names, if it makes one."""
+    match = re.search(r'gpu_only\(\s*"([^"]+)"', source)
+    return match.group(1) if match else None
+
+
+def recordings_of(solution_path: Path) -> list[dict]:
+    """The GPU-only cells of a solution notebook that hold a recorded GPU run."""
+    nb = nbformat.read(solution_path, as_version=4)
+    return [
+        {
+            "step": _gpu_step(cell.source),
+            "source": cell.source,
+            "recorded_on": cell.metadata["course"]["recorded_on"],
+            "outputs": cell.outputs,
+        }
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        and _gpu_step(cell.source)
+        and cell.outputs
+        and cell.metadata.get("course", {}).get("recorded_on")
+    ]
+
+
+def _recordings_text(solution_path: Path) -> str | None:
+    entries = recordings_of(solution_path)
+    return json.dumps(entries, indent=1, ensure_ascii=False) + "\n" if entries else None
+
+
 def _edited_by_learner(path: Path) -> bool:
     current = nbformat.read(path, as_version=4)
     recorded = current.metadata.get("course", {}).get("fingerprint")
@@ -208,10 +248,18 @@ def _edited_by_learner(path: Path) -> bool:
 
 
 def build_all(
-    check: bool = False, force: bool = False, src_dir: Path = SOLUTIONS, out_dir: Path = NOTEBOOKS
+    check: bool = False,
+    force: bool = False,
+    src_dir: Path = SOLUTIONS,
+    out_dir: Path = NOTEBOOKS,
+    recordings_dir: Path | None = None,
 ) -> list[str]:
-    """Build every lesson; returns the notebooks that were (or, with check, would be) written."""
-    changed = []
+    """Build every lesson and its GPU recordings; returns the files that were (or, with
+    check, would be) written. Recordings of other solutions than the course's go beside
+    out_dir unless recordings_dir says where."""
+    if recordings_dir is None:
+        recordings_dir = RECORDINGS if src_dir == SOLUTIONS else out_dir.parent / RECORDINGS.name
+    changed = _build_recordings(src_dir, recordings_dir, check)
     for source in sorted(src_dir.glob("*.ipynb")):
         target = out_dir / source.name
         text = _serialise(build_notebook(source))
@@ -237,13 +285,55 @@ def build_all(
     return changed
 
 
+def _build_recordings(src_dir: Path, recordings_dir: Path, check: bool) -> list[str]:
+    """Write recordings_dir/<lesson>.json from each solution; drop those of lessons gone
+    or without recordings. The files are generated: nobody edits them."""
+    wanted = {
+        f"{path.stem}.json": text
+        for path in sorted(src_dir.glob("*.ipynb"))
+        if (text := _recordings_text(path)) is not None
+    }
+    changed = []
+    present = sorted(recordings_dir.glob("*.json")) if recordings_dir.exists() else []
+    for path in present:
+        if path.name not in wanted:
+            changed.append(f"{recordings_dir.name}/{path.name}")
+            if not check:
+                path.unlink()
+    for name, text in wanted.items():
+        path = recordings_dir / name
+        if path.exists() and path.read_text() == text:
+            continue
+        changed.append(f"{recordings_dir.name}/{name}")
+        if not check:
+            recordings_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    return changed
+
+
+def _ran_on(executed) -> str | None:
+    """The GPU and versions an executed notebook's first cell reported, or None if it
+    ran in the interpreter (show_environment prints "Mode: GPU: <name> · torch ...")."""
+    for cell in executed.cells:
+        if cell.cell_type != "code" or "show_environment()" not in cell.source:
+            continue
+        for output in cell.outputs:
+            for line in output.get("text", "").splitlines():
+                if line.startswith("Mode: GPU: "):
+                    return line.removeprefix("Mode: GPU: ").strip()
+    return None
+
+
 def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str]:
     """Copy the outputs of GPU-only cells from executed copies into the solutions.
 
     Solution notebooks keep the outputs a reader benefits from, the plots and tables
     of a real GPU run, and no others. A cell qualifies when it calls gpu_only(...)
     and its source is unchanged in the executed copy; stderr (progress bars,
-    warnings) and widget outputs are dropped.
+    warnings) and widget outputs are dropped. Each adopted cell records the GPU and
+    versions it ran on, which the exercise notebooks and recordings show with it. A
+    notebook that did not run on a GPU is refused.
     """
     updated = []
     for executed_path in sorted(executed_dir.glob("*.ipynb")):
@@ -252,6 +342,13 @@ def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str
             continue
         solution = nbformat.read(target, as_version=4)
         executed = nbformat.read(executed_path, as_version=4)
+        ran_on = _ran_on(executed)
+        if ran_on is None:
+            print(
+                f"not adopted: {executed_path} did not run on a GPU (its show_environment() "
+                "cell reports no GPU)"
+            )
+            continue
         by_source = {c.source: c for c in executed.cells if c.cell_type == "code"}
         changed = False
         for cell in solution.cells:
@@ -264,9 +361,15 @@ def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str
                 if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
                 and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})
             ]
-            if (outputs, ran.execution_count) != (cell.outputs, cell.execution_count):
+            recorded = cell.metadata.get("course", {}).get("recorded_on")
+            if (outputs, ran.execution_count, ran_on) != (
+                cell.outputs,
+                cell.execution_count,
+                recorded,
+            ):
                 # nbval refuses a cell with outputs and no execution count ("unrun")
                 cell.outputs, cell.execution_count, changed = outputs, ran.execution_count, True
+                cell.metadata.setdefault("course", {})["recorded_on"] = ran_on
         if changed:
             nbformat.write(solution, target)
             updated.append(target.name)

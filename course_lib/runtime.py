@@ -63,7 +63,8 @@ def by_mode(*, gpu: T, interpreter: T) -> T:
 
 def gpu_only(step: str, capability: tuple[int, int] | None = None) -> bool:
     """True on a GPU (of at least this compute capability, if given). Otherwise print one
-    line saying `step` is skipped, and return False.
+    line saying `step` is skipped, show what the cell printed on a real GPU if the course
+    recorded it (see recordings.py), and return False.
 
     Use it to guard timing and autotuning::
 
@@ -72,16 +73,17 @@ def gpu_only(step: str, capability: tuple[int, int] | None = None) -> bool:
     """
     if INTERPRETED:
         print(f"⏭ {step} needs a GPU: skipped in the interpreter.")
-        return False
-    if capability is not None:
-        have = torch.cuda.get_device_capability()
-        if have < capability:
-            print(
-                f"⏭ {step} needs a GPU of compute capability {capability[0]}.{capability[1]} "
-                f"or later; this one is {have[0]}.{have[1]}: skipped."
-            )
-            return False
-    return True
+    elif capability is not None and (have := torch.cuda.get_device_capability()) < capability:
+        print(
+            f"⏭ {step} needs a GPU of compute capability {capability[0]}.{capability[1]} "
+            f"or later; this one is {have[0]}.{have[1]}: skipped."
+        )
+    else:
+        return True
+    from course_lib import recordings
+
+    recordings.show(step)
+    return False
 
 
 @contextlib.contextmanager

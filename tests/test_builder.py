@@ -1,10 +1,12 @@
 """The builder: stubs, metadata, safety of learners' edits."""
 
+import json
+
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from course_lib import builder
+from course_lib import builder, recordings
 
 SOLVED = """\
 @triton.jit
@@ -138,6 +140,7 @@ def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
     executed_dir = tmp_path / "executed"
     executed_dir.mkdir()
     ran = new_notebook(cells=[
+        ENVIRONMENT_CELL,
         new_code_cell("x = 1", outputs=[new_output("stream", name="stdout", text="noise")]),
         new_code_cell(timing, execution_count=2,
                       outputs=[new_output("stream", name="stdout", text="1.23 ms"),
@@ -149,4 +152,74 @@ def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
     assert result.cells[0].outputs == []
     assert [o["text"] for o in result.cells[1].outputs] == ["1.23 ms"]
     assert result.cells[1].execution_count == 2  # nbval wants a count where there are outputs
+    assert result.cells[1].metadata["course"]["recorded_on"] == GPU
     assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == []
+
+
+GPU = "NVIDIA H100 80GB HBM3 · torch 2.11.0 · triton 3.6.0"
+ENVIRONMENT_CELL = new_code_cell(
+    "import course_lib\n\ncourse_lib.show_environment()",
+    outputs=[new_output("stream", name="stdout", text=f"Mode: GPU: {GPU}\n")],
+)
+TIMING = 'if course_lib.gpu_only("Timing"):\n    print(1)'
+
+
+def test_outputs_of_an_interpreter_run_are_not_adopted(tmp_path, capsys):
+    src, executed_dir = tmp_path / "solutions", tmp_path / "executed"
+    src.mkdir()
+    executed_dir.mkdir()
+    nbformat.write(new_notebook(cells=[new_code_cell(TIMING)]), src / "01_k.ipynb")
+    interpreter = "Mode: interpreter (no CUDA GPU in use) · torch 2.13.0 · triton 3.9.0\n"
+    ran = new_notebook(cells=[
+        new_code_cell(ENVIRONMENT_CELL.source,
+                      outputs=[new_output("stream", name="stdout", text=interpreter)]),
+        new_code_cell(TIMING, execution_count=2,
+                      outputs=[new_output("stream", name="stdout", text="⏭ skipped")]),
+    ])  # fmt: skip
+    nbformat.write(ran, executed_dir / "01_k.ipynb")
+    assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == []
+    assert "did not run on a GPU" in capsys.readouterr().out
+    assert nbformat.read(src / "01_k.ipynb", as_version=4).cells[0].outputs == []
+
+
+def _recorded_lesson(tmp_path):
+    src, out = _lesson(tmp_path)
+    nb = nbformat.read(src / "01_k.ipynb", as_version=4)
+    recorded = [new_output("stream", name="stdout", text="1.23 ms\n")]
+    nb.cells.append(new_code_cell(TIMING, execution_count=3, outputs=recorded,
+                                  metadata={"course": {"recorded_on": GPU}}))  # fmt: skip
+    nb.cells.append(new_code_cell('if course_lib.gpu_only("Unrecorded"):\n    print(2)'))
+    nbformat.write(nb, src / "01_k.ipynb")
+    return src, out
+
+
+def test_exercise_notebooks_and_recordings_keep_the_recorded_gpu_run(tmp_path):
+    src, out = _recorded_lesson(tmp_path)
+    recordings_dir = tmp_path / "gpu_recordings"
+    assert builder.build_all(src_dir=src, out_dir=out) == ["gpu_recordings/01_k.json", "01_k.ipynb"]
+    cells = nbformat.read(out / "01_k.ipynb", as_version=4).cells
+    assert [o["text"] for o in cells[3].outputs] == [builder.label_for(GPU), "1.23 ms\n"]
+    assert GPU in cells[3].outputs[0]["text"]
+    assert cells[4].outputs == [] and cells[2].outputs == []  # unrecorded, and not GPU-only
+    (entry,) = json.loads((recordings_dir / "01_k.json").read_text())
+    assert (entry["step"], entry["recorded_on"]) == ("Timing", GPU)
+    assert entry["source"] == TIMING and entry["outputs"][0]["text"] == "1.23 ms\n"
+    assert builder.build_all(check=True, src_dir=src, out_dir=out) == []
+
+    (src / "01_k.ipynb").unlink()  # a lesson removed: its recording goes too
+    assert builder.build_all(check=True, src_dir=src, out_dir=out) == ["gpu_recordings/01_k.json"]
+    builder.build_all(src_dir=src, out_dir=out)
+    assert not (recordings_dir / "01_k.json").exists()
+
+
+def test_a_recording_is_found_by_its_cell_or_by_a_step_only_one_cell_runs(monkeypatch):
+    entries = (
+        {"step": "Timing", "source": "A", "recorded_on": GPU, "outputs": []},
+        {"step": "Timing", "source": "B", "recorded_on": GPU, "outputs": []},
+        {"step": "The sweep", "source": "C", "recorded_on": GPU, "outputs": []},
+    )
+    monkeypatch.setattr(recordings, "_all", lambda: entries)
+    assert recordings.find("Timing", "B\n") is entries[1]
+    assert recordings.find("The sweep", "C, edited by a learner") is entries[2]
+    assert recordings.find("Timing", "A, edited by a learner") is None  # which one? say nothing
+    assert recordings.find("Not recorded", None) is None
