@@ -192,8 +192,8 @@ def build_notebook(solution_path: Path) -> nbformat.NotebookNode:
                 f"{where}: solution markers in a cell without nbgrader solution metadata"
             )
         if cell.cell_type == "code":
-            recorded_on = cell.metadata.get("course", {}).get("recorded_on")
-            if cell.outputs and recorded_on and _gpu_step(cell.source):
+            recorded_on = recorded_run(cell)
+            if recorded_on:
                 label = nbformat.v4.new_output("stream", name="stdout", text=label_for(recorded_on))
                 cell.outputs = [label, *cell.outputs]
             else:
@@ -218,6 +218,22 @@ def _gpu_step(source: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _source_sha(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def recorded_run(cell) -> str | None:
+    """Where and when a GPU-only solution cell's outputs were recorded ("<GPU> · torch
+    <version> · triton <version> · <date>"), or None if they were not, or if the cell's
+    code has changed since: those outputs no longer show what it does."""
+    if cell.cell_type != "code" or not cell.outputs or not _gpu_step(cell.source):
+        return None
+    recorded = cell.metadata.get("course", {})
+    if recorded.get("source_sha") != _source_sha(cell.source):
+        return None
+    return recorded.get("recorded_on")
+
+
 def recordings_of(solution_path: Path) -> list[dict]:
     """The GPU-only cells of a solution notebook that hold a recorded GPU run."""
     nb = nbformat.read(solution_path, as_version=4)
@@ -225,14 +241,11 @@ def recordings_of(solution_path: Path) -> list[dict]:
         {
             "step": _gpu_step(cell.source),
             "source": cell.source,
-            "recorded_on": cell.metadata["course"]["recorded_on"],
+            "recorded_on": recorded_on,
             "outputs": cell.outputs,
         }
         for cell in nb.cells
-        if cell.cell_type == "code"
-        and _gpu_step(cell.source)
-        and cell.outputs
-        and cell.metadata.get("course", {}).get("recorded_on")
+        if (recorded_on := recorded_run(cell))
     ]
 
 
@@ -312,16 +325,23 @@ def _build_recordings(src_dir: Path, recordings_dir: Path, check: bool) -> list[
     return changed
 
 
-def _ran_on(executed) -> str | None:
-    """The GPU and versions an executed notebook's first cell reported, or None if it
-    ran in the interpreter (show_environment prints "Mode: GPU: <name> · torch ...")."""
+def _ran_on(executed, path: Path) -> str | None:
+    """The GPU and versions an executed notebook's first cell reported, and the day it
+    ran; None if it ran in the interpreter (show_environment prints "Mode: GPU: <name> ·
+    torch ..."). The day comes from the execution times nbclient records, else the file."""
     for cell in executed.cells:
         if cell.cell_type != "code" or "show_environment()" not in cell.source:
             continue
         for output in cell.outputs:
             for line in output.get("text", "").splitlines():
                 if line.startswith("Mode: GPU: "):
-                    return line.removeprefix("Mode: GPU: ").strip()
+                    started = cell.metadata.get("execution", {}).get("iopub.execute_input")
+                    day = (
+                        started[:10]
+                        if started
+                        else time.strftime("%Y-%m-%d", time.gmtime(path.stat().st_mtime))
+                    )
+                    return f"{line.removeprefix('Mode: GPU: ').strip()} · {day}"
     return None
 
 
@@ -342,7 +362,7 @@ def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str
             continue
         solution = nbformat.read(target, as_version=4)
         executed = nbformat.read(executed_path, as_version=4)
-        ran_on = _ran_on(executed)
+        ran_on = _ran_on(executed, executed_path)
         if ran_on is None:
             print(
                 f"not adopted: {executed_path} did not run on a GPU (its show_environment() "
@@ -361,15 +381,15 @@ def adopt_gpu_outputs(executed_dir: Path, src_dir: Path = SOLUTIONS) -> list[str
                 if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
                 and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})
             ]
-            recorded = cell.metadata.get("course", {}).get("recorded_on")
-            if (outputs, ran.execution_count, ran_on) != (
+            recording = {"recorded_on": ran_on, "source_sha": _source_sha(cell.source)}
+            if (outputs, ran.execution_count, recording) != (
                 cell.outputs,
                 cell.execution_count,
-                recorded,
+                cell.metadata.get("course"),
             ):
                 # nbval refuses a cell with outputs and no execution count ("unrun")
                 cell.outputs, cell.execution_count, changed = outputs, ran.execution_count, True
-                cell.metadata.setdefault("course", {})["recorded_on"] = ran_on
+                cell.metadata["course"] = recording
         if changed:
             nbformat.write(solution, target)
             updated.append(target.name)

@@ -152,7 +152,8 @@ def test_gpu_outputs_are_adopted_into_gpu_only_cells_only(tmp_path):
     assert result.cells[0].outputs == []
     assert [o["text"] for o in result.cells[1].outputs] == ["1.23 ms"]
     assert result.cells[1].execution_count == 2  # nbval wants a count where there are outputs
-    assert result.cells[1].metadata["course"]["recorded_on"] == GPU
+    ran_on = result.cells[1].metadata["course"]["recorded_on"]
+    assert ran_on.startswith(f"{GPU} · 20")  # and the day it ran
     assert builder.adopt_gpu_outputs(executed_dir, src_dir=src) == []
 
 
@@ -186,8 +187,9 @@ def _recorded_lesson(tmp_path):
     src, out = _lesson(tmp_path)
     nb = nbformat.read(src / "01_k.ipynb", as_version=4)
     recorded = [new_output("stream", name="stdout", text="1.23 ms\n")]
+    recording = {"recorded_on": GPU, "source_sha": builder._source_sha(TIMING)}
     nb.cells.append(new_code_cell(TIMING, execution_count=3, outputs=recorded,
-                                  metadata={"course": {"recorded_on": GPU}}))  # fmt: skip
+                                  metadata={"course": recording}))  # fmt: skip
     nb.cells.append(new_code_cell('if course_lib.gpu_only("Unrecorded"):\n    print(2)'))
     nbformat.write(nb, src / "01_k.ipynb")
     return src, out
@@ -206,6 +208,17 @@ def test_exercise_notebooks_and_recordings_keep_the_recorded_gpu_run(tmp_path):
     assert entry["source"] == TIMING and entry["outputs"][0]["text"] == "1.23 ms\n"
     assert builder.build_all(check=True, src_dir=src, out_dir=out) == []
 
+    nb = nbformat.read(src / "01_k.ipynb", as_version=4)
+    nb.cells[3].source = TIMING.replace("print(1)", "print(10)")  # the code changed since
+    nbformat.write(nb, src / "01_k.ipynb")
+    builder.build_all(src_dir=src, out_dir=out)
+    assert nbformat.read(out / "01_k.ipynb", as_version=4).cells[3].outputs == []
+    assert not (recordings_dir / "01_k.json").exists()
+
+    nb.cells[3].source = TIMING
+    nbformat.write(nb, src / "01_k.ipynb")
+    builder.build_all(src_dir=src, out_dir=out)
+    assert (recordings_dir / "01_k.json").exists()
     (src / "01_k.ipynb").unlink()  # a lesson removed: its recording goes too
     assert builder.build_all(check=True, src_dir=src, out_dir=out) == ["gpu_recordings/01_k.json"]
     builder.build_all(src_dir=src, out_dir=out)
