@@ -30,6 +30,18 @@ def relu_bytes(n: int, dtype: torch.dtype) -> int:
     return 2 * n * itemsize
 
 
+def axpy(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """alpha * x + y (BLAS's "a x plus y") for two tensors of one shape, computed in float64
+    and rounded once to their dtype. Reads 2n elements, writes n."""
+    return (alpha * x.double() + y.double()).to(x.dtype)
+
+
+def leaky_relu(x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
+    """x where x >= 0, negative_slope * x elsewhere; NaN stays NaN. Reads n elements,
+    writes n."""
+    return torch.nn.functional.leaky_relu(x, negative_slope)
+
+
 def add_2d(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + y for two [M, N] tensors of any strides, as a new contiguous [M, N] tensor.
     Reads 2·M·N elements, writes M·N."""

@@ -455,3 +455,159 @@ def relu_nan_keeping_launcher(x, BLOCK_SIZE=1024):  # noqa: N803  (right: the gr
     grid = (triton.cdiv(x.numel(), BLOCK_SIZE),)
     relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
     return out
+
+
+# --- lesson 01: axpy ----------------------------------------------------------------------
+
+
+@triton.jit
+def axpy_kernel(
+    x_ptr, y_ptr, out_ptr, alpha, n_elements,
+    BLOCK_SIZE: tl.constexpr, FORM: tl.constexpr, MASK_STORE: tl.constexpr,
+):  # fmt: skip
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    if FORM == "alpha on y":  # mistake: y is scaled instead of x
+        out = x + alpha * y
+    elif FORM == "alpha on both":  # mistake: the sum is scaled
+        out = alpha * (x + y)
+    elif FORM == "no alpha":  # mistake: alpha never used
+        out = x + y
+    elif FORM == "no y":  # mistake: y never added
+        out = alpha * x
+    else:
+        out = alpha * x + y
+    if MASK_STORE:
+        tl.store(out_ptr + offsets, out, mask=mask)
+    else:  # mistake: the last block writes past the end
+        tl.store(out_ptr + offsets, out)
+
+
+def _axpy(alpha, x, y, *, form="right", mask_store=True, floor_grid=False):
+    out = torch.empty_like(x)
+    n = x.numel()
+    grid = (max(n // BLOCK_SIZE, 1),) if floor_grid else (triton.cdiv(n, BLOCK_SIZE),)
+    axpy_kernel[grid](x, y, out, alpha, n, BLOCK_SIZE=BLOCK_SIZE, FORM=form,
+                      MASK_STORE=mask_store)  # fmt: skip
+    return out
+
+
+def axpy(alpha, x, y):  # right
+    return _axpy(alpha, x, y)
+
+
+def axpy_alpha_truncated(alpha, x, y):
+    return _axpy(int(alpha), x, y)  # mistake: alpha made an int on the way in
+
+
+def axpy_alpha_on_y(alpha, x, y):
+    return _axpy(alpha, x, y, form="alpha on y")
+
+
+def axpy_alpha_on_both(alpha, x, y):
+    return _axpy(alpha, x, y, form="alpha on both")
+
+
+def axpy_without_alpha(alpha, x, y):
+    return _axpy(alpha, x, y, form="no alpha")
+
+
+def axpy_without_y(alpha, x, y):
+    return _axpy(alpha, x, y, form="no y")
+
+
+def axpy_without_store_mask(alpha, x, y):
+    return _axpy(alpha, x, y, mask_store=False)
+
+
+def axpy_grid_floor(alpha, x, y):
+    return _axpy(alpha, x, y, floor_grid=True)
+
+
+# --- lesson 02: an autotuned leaky ReLU -----------------------------------------------------
+
+
+@triton.jit
+def leaky_relu_kernel(x_ptr, out_ptr, n_elements, negative_slope, BLOCK_SIZE: tl.constexpr,
+                      FORM: tl.constexpr):  # fmt: skip
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    if FORM == "max min":  # mistake: tl.maximum and tl.minimum drop NaN
+        out = tl.maximum(x, 0.0) + negative_slope * tl.minimum(x, 0.0)
+    elif FORM == "slope on positives":  # mistake: the wrong side is scaled
+        out = tl.where(x > 0, x * negative_slope, x)
+    elif FORM == "fixed slope":  # mistake: the default slope, whatever was passed
+        out = tl.where(x < 0, x * 0.01, x)
+    elif FORM == "relu":  # mistake: negatives become 0
+        out = tl.where(x < 0, 0.0, x)
+    else:  # NaN < 0 is False: NaN passes through
+        out = tl.where(x < 0, x * negative_slope, x)
+    tl.store(out_ptr + offsets, out, mask=mask)
+
+
+LEAKY_RELU_CONFIGS = [triton.Config({"BLOCK_SIZE": 512}, num_warps=4)]
+leaky_relu_autotuned = triton.autotune(configs=LEAKY_RELU_CONFIGS, key=["n_elements"])(
+    leaky_relu_kernel
+)
+# several configs: right on a GPU, and refused in the interpreter, which cannot time them
+leaky_relu_many_configs = triton.autotune(
+    configs=[triton.Config({"BLOCK_SIZE": 256}), triton.Config({"BLOCK_SIZE": 1024})],
+    key=["n_elements"],
+)(leaky_relu_kernel)
+
+
+def _leaky_relu(x, negative_slope, *, form="right", kernel=leaky_relu_autotuned, grid=None,
+                **meta):  # fmt: skip
+    out = torch.empty_like(x)
+    n = x.numel()
+    grid = grid or (lambda meta: (triton.cdiv(n, meta["BLOCK_SIZE"]),))
+    kernel[grid](x, out, n, negative_slope, FORM=form, **meta)
+    return out
+
+
+def leaky_relu(x, negative_slope=0.01):  # right
+    return _leaky_relu(x, negative_slope)
+
+
+def leaky_relu_nan_to_zero(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, form="max min")
+
+
+def leaky_relu_slope_on_positives(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, form="slope on positives")
+
+
+def leaky_relu_fixed_slope(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, form="fixed slope")
+
+
+def leaky_relu_as_relu(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, form="relu")
+
+
+def leaky_relu_passes_block_size(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, BLOCK_SIZE=512)  # mistake: a config sets it
+
+
+def leaky_relu_tuple_grid(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, grid=(triton.cdiv(x.numel(), 512),))  # for 512 only
+
+
+def leaky_relu_grid_ignores_meta(x, negative_slope=0.01):
+    n = x.numel()
+    return _leaky_relu(x, negative_slope, grid=lambda meta: (triton.cdiv(n, 512),))
+
+
+def leaky_relu_many_configs_everywhere(x, negative_slope=0.01):
+    return _leaky_relu(x, negative_slope, kernel=leaky_relu_many_configs)
+
+
+def leaky_relu_not_autotuned(x, negative_slope=0.01):
+    out = torch.empty_like(x)
+    n = x.numel()
+    grid = (triton.cdiv(n, 512),)
+    leaky_relu_kernel[grid](x, out, n, negative_slope, BLOCK_SIZE=512, FORM="right")
+    return out

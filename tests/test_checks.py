@@ -386,3 +386,152 @@ def test_a_foreign_not_implemented_error_is_a_finding_not_a_stub():
 def test_integer_tensors_can_be_poisoned():
     for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
         assert bool(is_poison(poison_(torch.empty(4, dtype=dtype))).all())
+
+
+# --- lessons 01 and 02: axpy and the autotuned leaky ReLU ---------------------------------
+
+from course_lib.checks import elementwise  # noqa: E402
+from course_lib.checks.autotuning import redefined_meta_parameter  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("check", "fn"),
+    [(course_lib.check_axpy, broken.axpy), (course_lib.check_leaky_relu, broken.leaky_relu)],
+    ids=["axpy", "leaky_relu"],
+)
+def test_right_practice_launchers_pass_with_one_line(check, fn, capsys):
+    result = check(fn)
+    assert capsys.readouterr().out == f"✓ {result.name}: every case passed\n"
+    labels = [c.label for c in result.cases]
+    assert any("float16" in label for label in labels)
+    for why in ("a single element", "smaller than one block", "a prime size", "many blocks"):
+        assert any(why in label for label in labels), why
+
+
+PRACTICE_MISTAKES = [
+    (course_lib.check_axpy, broken.axpy_alpha_truncated, "alpha=2.5: ", "int(alpha) * x + y"),
+    (course_lib.check_axpy, broken.axpy_alpha_on_y, "elements wrong", "alpha scales y here"),
+    (course_lib.check_axpy, broken.axpy_alpha_on_both, "elements wrong", "the whole sum"),
+    (course_lib.check_axpy, broken.axpy_without_alpha, "elements wrong", "multiply x by alpha"),
+    (course_lib.check_axpy, broken.axpy_without_y, "elements wrong", "add y to it"),
+    (
+        course_lib.check_axpy,
+        broken.axpy_without_store_mask,
+        "past the end were written",
+        "mask = offsets < n_elements",
+    ),
+    (course_lib.check_axpy, broken.axpy_grid_floor, "only the first", "the grid is too small"),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_nan_to_zero,
+        "with NaN, ±inf and -0.0, float32, your configs: ",
+        "NaN became 0",
+    ),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_slope_on_positives,
+        "elements wrong",
+        "you scaled the positive values",
+    ),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_fixed_slope,
+        "elements wrong",
+        "scaled by 0.01, not by the negative_slope",
+    ),
+    (course_lib.check_leaky_relu, broken.leaky_relu_as_relu, "got 0, expected", "as in a ReLU"),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_passes_block_size,
+        "multiple values for keyword argument 'BLOCK_SIZE'",
+        "your launch passes BLOCK_SIZE, which the autotuner's configs set",
+    ),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_tuple_grid,
+        "BLOCK_SIZE=128: only the first",
+        "A tuple grid is fixed",
+    ),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_grid_ignores_meta,
+        "BLOCK_SIZE=128: only the first",
+        "does not follow meta['BLOCK_SIZE']",
+    ),
+    (
+        course_lib.check_leaky_relu,
+        broken.leaky_relu_not_autotuned,
+        "launched no @triton.autotune kernel",
+        "decorate your kernel with @triton.autotune",
+    ),
+    pytest.param(
+        (
+            course_lib.check_leaky_relu,
+            broken.leaky_relu_many_configs_everywhere,
+            "your configs: your function raised RuntimeError",
+            "no GPU to time them on",
+        ),
+        marks=pytest.mark.skipif(not runtime.INTERPRETED, reason="a GPU times the configs"),
+    ),
+]
+
+
+def _practice_id(mistake) -> str:
+    return getattr(mistake, "values", [mistake])[0][1].__name__
+
+
+@pytest.mark.parametrize("mistake", PRACTICE_MISTAKES, ids=_practice_id)
+def test_practice_check_gives_every_failing_case_the_mistakes_hint(mistake):
+    """The hint names the mistake, and no other hint shows: every case that fails says it."""
+    check, fn, problem, hint = mistake
+    report = _failure(check, fn)
+    assert problem in report, report
+    shown = re.findall(r"hint: (.*)", report)
+    assert shown and all(hint in line for line in shown), report
+
+
+def test_the_grid_hint_counts_the_programs_launched_and_needed():
+    report = _failure(course_lib.check_leaky_relu, broken.leaky_relu_tuple_grid)
+    n = elementwise.SIZES[2][0]  # the prime size: the grid was worked out for blocks of 512
+    launched, needed = -(-n // 512), -(-n // 128)
+    assert f"float32, BLOCK_SIZE=128: only the first {launched * 128} of {n} elements" in report
+    assert (
+        f"with BLOCK_SIZE=128 from the autotuner, your grid launched {launched} programs "
+        f"where n_elements={n} needs {needed}" in report
+    )
+
+
+def test_a_fixed_slope_is_not_blamed_where_the_slope_is_the_default():
+    report = _failure(course_lib.check_leaky_relu, broken.leaky_relu_fixed_slope)
+    assert "  ✓ n=37 (smaller than one block), float32, negative_slope left at 0.01" in report
+
+
+def test_the_leaky_relu_check_leaves_the_autotuner_as_it_was():
+    from triton.runtime.autotuner import Autotuner
+
+    run, configs = Autotuner.run, broken.leaky_relu_autotuned.configs
+    course_lib.check_leaky_relu(broken.leaky_relu)
+    _failure(course_lib.check_leaky_relu, broken.leaky_relu_passes_block_size)
+    assert Autotuner.run is run and broken.leaky_relu_autotuned.configs is configs
+
+
+def test_redefined_meta_parameters_are_read_from_both_of_tritons_messages():
+    import triton
+
+    configs = [triton.Config({"BLOCK_SIZE": 128}, num_warps=4)]
+    conflict = ValueError(
+        "Conflicting meta-parameters: BLOCK_SIZE. Make sure that you don't re-define "
+        "auto-tuned symbols."
+    )
+    twice = TypeError("run() got multiple values for keyword argument 'num_warps'")
+    assert redefined_meta_parameter(conflict, configs) == "BLOCK_SIZE"
+    assert redefined_meta_parameter(twice, configs) == "num_warps"
+    unrelated = TypeError("f() got multiple values for keyword argument 'x_ptr'")
+    assert redefined_meta_parameter(unrelated, configs) is None
+    assert redefined_meta_parameter(RuntimeError("boom"), configs) is None
+
+
+@pytest.mark.parametrize("check", [course_lib.check_axpy, course_lib.check_leaky_relu])
+def test_practice_checks_reject_a_non_callable(check):
+    with pytest.raises(TypeError, match="expects your launcher function"):
+        check("launcher")

@@ -1,7 +1,12 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
-from course_lib.checks.elementwise import check_relu, check_vector_add
+from course_lib.checks.elementwise import (
+    check_axpy,
+    check_leaky_relu,
+    check_relu,
+    check_vector_add,
+)
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.matmul import check_matmul
 from course_lib.checks.softmax import check_softmax
@@ -10,6 +15,8 @@ __all__ = [
     "CheckFailed",
     "CheckResult",
     "check_add_2d",
+    "check_axpy",
+    "check_leaky_relu",
     "check_matmul",
     "check_relu",
     "check_softmax",
