@@ -29,6 +29,7 @@ from course_lib.checks import (  # noqa: E402
     check_matmul,
     check_relu,
     check_softmax,
+    check_transpose,
     check_vector_add,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "check_matmul",
     "check_relu",
     "check_softmax",
+    "check_transpose",
     "check_vector_add",
     "gpu_only",
     "show_environment",

@@ -52,6 +52,16 @@ def add_2d_bytes(m: int, n: int, dtype: torch.dtype) -> int:
     return 3 * m * n * torch.empty((), dtype=dtype).element_size()
 
 
+def transpose(x: torch.Tensor) -> torch.Tensor:
+    """x.T of an [M, N] tensor of any strides, as a new contiguous [N, M] tensor.
+    Reads M·N elements, writes M·N."""
+    return x.t().contiguous()
+
+
+def transpose_bytes(m: int, n: int, dtype: torch.dtype) -> int:
+    return 2 * m * n * torch.empty((), dtype=dtype).element_size()
+
+
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension of [M, N]. The fused minimum: read M·N, write M·N."""
     return torch.softmax(x, dim=-1)

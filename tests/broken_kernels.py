@@ -611,3 +611,131 @@ def leaky_relu_not_autotuned(x, negative_slope=0.01):
     grid = (triton.cdiv(n, 512),)
     leaky_relu_kernel[grid](x, out, n, negative_slope, BLOCK_SIZE=512, FORM="right")
     return out
+
+
+# --- lesson 03: transpose -----------------------------------------------------------------
+
+TRANSPOSE_TILES = (16, 32)  # smaller than lesson 03's 32 x 128, and not square either
+NOTEBOOK_TILES = (32, 128)  # lesson 03's BLOCK_M, BLOCK_N
+
+
+@triton.jit
+def transpose_kernel(
+    x_ptr, out_ptr, M, N, sxm, sxn, son, som,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SWAP_AXES: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_COLUMNS: tl.constexpr,
+):  # fmt: skip
+    if SWAP_AXES:  # mistake: x's row tile taken from the grid's second axis
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask = (offs_m[:, None] >= 0) & (offs_n[None, :] >= 0)  # all true
+    if MASK_ROWS:  # either flag off is the mistake of a mask on one axis only
+        mask = mask & (offs_m[:, None] < M)
+    if MASK_COLUMNS:
+        mask = mask & (offs_n[None, :] < N)
+    tile = tl.load(x_ptr + offs_m[:, None] * sxm + offs_n[None, :] * sxn, mask=mask)
+    tl.store(out_ptr + offs_n[None, :] * son + offs_m[:, None] * som, tile, mask=mask)
+
+
+def _transpose(x, *, tiles=TRANSPOSE_TILES, x_strides=None, out_strides=None, out=None,
+               grid=None, swap=False, mask_rows=True, mask_columns=True):  # fmt: skip
+    M, N = x.shape
+    out = torch.empty((N, M), dtype=x.dtype, device=x.device) if out is None else out
+    grid = grid or (triton.cdiv(M, tiles[0]), triton.cdiv(N, tiles[1]))
+    transpose_kernel[grid](
+        x, out, M, N, *(x_strides or x.stride()), *(out_strides or out.stride()),
+        BLOCK_M=tiles[0], BLOCK_N=tiles[1],
+        SWAP_AXES=swap, MASK_ROWS=mask_rows, MASK_COLUMNS=mask_columns,
+    )  # fmt: skip
+    return out
+
+
+def transpose_tiled(x):  # right
+    return _transpose(x)
+
+
+def transpose_tiled_notebook_tiles(x):  # right
+    return _transpose(x, tiles=NOTEBOOK_TILES)
+
+
+def transpose_returns_view(x):
+    return x.t()  # a view of x: no copy, no kernel
+
+
+def transpose_returns_input(x):
+    return x
+
+
+def transpose_into_transposed_view(x):
+    M, N = x.shape
+    # right values, but the [N, M] result is a view of an [M, N] tensor: not contiguous
+    return _transpose(x, out=torch.empty((M, N), dtype=x.dtype, device=x.device).t())
+
+
+def transpose_assumes_contiguous(x):
+    return _transpose(x, x_strides=(x.shape[1], 1))
+
+
+def transpose_in_x_order(x, tiles=TRANSPOSE_TILES):
+    # stores element (m, n) at m * N + n, where a contiguous x holds it: x.reshape(N, M)
+    return _transpose(x, out_strides=(1, x.shape[1]), tiles=tiles)
+
+
+def transpose_in_x_order_notebook_tiles(x):
+    return transpose_in_x_order(x, tiles=NOTEBOOK_TILES)
+
+
+def transpose_swapped_x_strides(x):
+    return _transpose(x, x_strides=x.stride()[::-1])
+
+
+def transpose_row_mask_only(x, tiles=TRANSPOSE_TILES):
+    return _transpose(x, mask_columns=False, tiles=tiles)
+
+
+def transpose_row_mask_only_notebook_tiles(x):
+    return transpose_row_mask_only(x, tiles=NOTEBOOK_TILES)
+
+
+def transpose_column_mask_only(x):
+    return _transpose(x, mask_rows=False)
+
+
+def transpose_swapped_axes(x, tiles=TRANSPOSE_TILES):
+    return _transpose(x, swap=True, tiles=tiles)
+
+
+def transpose_swapped_axes_notebook_tiles(x):
+    return transpose_swapped_axes(x, tiles=NOTEBOOK_TILES)
+
+
+def transpose_grid_over_output_notebook_tiles(x):
+    M, N = x.shape  # mistake: a grid for the [N, M] output, with x's tile names
+    grid = (triton.cdiv(N, NOTEBOOK_TILES[0]), triton.cdiv(M, NOTEBOOK_TILES[1]))
+    return _transpose(x, tiles=NOTEBOOK_TILES, grid=grid)
+
+
+def _floor_grid(x, rows, columns, tiles=TRANSPOSE_TILES):
+    (M, N), (bm, bn) = x.shape, tiles
+    grid = (max(M // bm, 1) if rows else triton.cdiv(M, bm),
+            max(N // bn, 1) if columns else triton.cdiv(N, bn))  # fmt: skip
+    return _transpose(x, grid=grid, tiles=tiles)
+
+
+def transpose_grid_floor(x):
+    return _floor_grid(x, rows=True, columns=True)
+
+
+def transpose_grid_floor_notebook_tiles(x):
+    return _floor_grid(x, rows=True, columns=True, tiles=NOTEBOOK_TILES)
+
+
+def transpose_grid_floor_rows(x):
+    return _floor_grid(x, rows=True, columns=False)
+
+
+def transpose_grid_floor_columns(x):
+    return _floor_grid(x, rows=False, columns=True)

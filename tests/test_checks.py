@@ -8,6 +8,7 @@ import torch
 
 import course_lib
 from course_lib import runtime
+from course_lib.checks import transpose as transpose_check
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.guard import GuardedArena, guarded_copy, is_poison, poison_
 from course_lib.checks.tolerances import TOLERANCES
@@ -535,3 +536,163 @@ def test_redefined_meta_parameters_are_read_from_both_of_tritons_messages():
 def test_practice_checks_reject_a_non_callable(check):
     with pytest.raises(TypeError, match="expects your launcher function"):
         check("launcher")
+
+
+# --- lesson 03: transpose -----------------------------------------------------------------
+
+# every hint the transpose check may give for a mistake of its own, by a short name; the
+# strides hint by the part it shows both with its premise and without
+TRANSPOSE_HINT_TEXTS = {
+    "returned input": transpose_check.HINTS.returned_input,
+    "not contiguous": transpose_check.HINTS.not_contiguous,
+    "strides": transpose_check.STRIDES_HINT.split(": ", 1)[1],
+    "not transposed": transpose_check.NOT_TRANSPOSED_HINT,
+    "x's order": transpose_check.IN_X_ORDER_HINT,
+    "mask": transpose_check.HINTS.out_of_bounds,
+    "crossed": transpose_check.CROSSED_HINT,
+    "edges": transpose_check.HINTS.missing_edges,
+    "rows": transpose_check.HINTS.missing_rows,
+    "columns": transpose_check.HINTS.missing_columns,
+}
+
+
+def _at_both_tile_sizes(small, notebook, *expected, marks=()):
+    """One mistake made at the tests' small tiles and at the notebook's: the same report."""
+    return [pytest.param(fn, *expected, marks=marks) for fn in (small, notebook)]
+
+
+# (broken launcher, a problem its report names, its hint in words, the hint's name,
+#  hints that other cases of the same mistake may show as well)
+TRANSPOSE_MISTAKES = [
+    (
+        broken.transpose_returns_input,
+        "the result is the input `x` itself",
+        "share x's memory",
+        "returned input",
+        set(),
+    ),
+    (
+        broken.transpose_returns_view,
+        "the result is a view of the input `x`",
+        "x.t() and x.T are views",
+        "returned input",
+        set(),
+    ),
+    (
+        broken.transpose_into_transposed_view,
+        "(wide), float32: the output is not contiguous",
+        "torch.empty((M, N)).t() has the right shape but not the layout",
+        "not contiguous",
+        set(),
+    ),
+    (
+        broken.transpose_assumes_contiguous,
+        "130x257, x transposed, float32: ",
+        "contiguous inputs pass but this one does not: your kernel assumes x is contiguous",
+        "strides",
+        set(),
+    ),
+    *_at_both_tile_sizes(
+        broken.transpose_in_x_order,
+        broken.transpose_in_x_order_notebook_tiles,
+        "(wide), float32: ",
+        "your output is x.reshape(N, M)",
+        "x's order",
+        {"not transposed"},
+    ),
+    pytest.param(
+        broken.transpose_swapped_x_strides,
+        "64x64 (square), float32: ",
+        "your output equals x itself: nothing was transposed",
+        "not transposed",
+        set(),
+        marks=ON_GPU_IT_CRASHES,
+    ),
+    *_at_both_tile_sizes(
+        broken.transpose_row_mask_only,
+        broken.transpose_row_mask_only_notebook_tiles,
+        "past the end were written",
+        "mask both dimensions",
+        "mask",
+        set(),
+        marks=ON_GPU_IT_CRASHES,
+    ),
+    pytest.param(
+        broken.transpose_column_mask_only,
+        "past the end were written",
+        "mask both dimensions",
+        "mask",
+        set(),
+        marks=ON_GPU_IT_CRASHES,
+    ),
+    *_at_both_tile_sizes(
+        broken.transpose_swapped_axes,
+        broken.transpose_swapped_axes_notebook_tiles,
+        "rows written",
+        "its axes and tl.program_id's disagree",
+        "crossed",
+        set(),
+    ),
+    (
+        broken.transpose_grid_over_output_notebook_tiles,
+        "rows written",
+        "the grid follows the output's shape [N, M]",
+        "crossed",
+        set(),
+    ),
+    *_at_both_tile_sizes(
+        broken.transpose_grid_floor,
+        broken.transpose_grid_floor_notebook_tiles,
+        "never written",
+        "the grid misses the edge tiles",
+        "edges",
+        {"rows", "columns"},
+    ),
+    (
+        broken.transpose_grid_floor_rows,
+        "columns written in every row",
+        "the output's last columns, which are x's last rows",
+        "columns",
+        set(),
+    ),
+    (
+        broken.transpose_grid_floor_columns,
+        "rows written",
+        "the output's last rows, which are x's last columns",
+        "rows",
+        set(),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "problem", "hint", "name", "also"),
+    TRANSPOSE_MISTAKES,
+    ids=[getattr(m, "values", m)[0].__name__ for m in TRANSPOSE_MISTAKES],
+)
+def test_transpose_check_names_the_mistake_and_no_other(fn, problem, hint, name, also):
+    report = _failure(course_lib.check_transpose, fn)
+    assert problem in report, report
+    assert re.search(r"hint: .*" + re.escape(hint), report), report
+    assert TRANSPOSE_HINT_TEXTS[name] in report
+    for other, text in TRANSPOSE_HINT_TEXTS.items():
+        if other != name and other not in also:
+            assert text not in report, f"the {other!r} hint for {fn.__name__}:\n{report}"
+
+
+def test_every_transpose_hint_has_a_broken_kernel():
+    named = {getattr(m, "values", m)[3] for m in TRANSPOSE_MISTAKES}
+    assert named == set(TRANSPOSE_HINT_TEXTS)
+
+
+@pytest.mark.parametrize(
+    "fn", [broken.transpose_tiled, broken.transpose_tiled_notebook_tiles], ids=lambda f: f.__name__
+)
+def test_a_right_transpose_passes_every_awkward_case(fn, capsys):
+    result = course_lib.check_transpose(fn)
+    assert capsys.readouterr().out == "✓ transpose: every case passed\n"
+    labels = [c.label for c in result.cases]
+    for why in ("one row", "one column", "smaller than a tile", "not a multiple of the tile",
+                "square", "many tiles", "x transposed", "x strided", "float16"):  # fmt: skip
+        assert any(why in label for label in labels), why
+    assert any("bfloat16" in label for label in labels) == (runtime.MODE == "gpu")

@@ -10,6 +10,7 @@ from course_lib.checks.elementwise import (
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.matmul import check_matmul
 from course_lib.checks.softmax import check_softmax
+from course_lib.checks.transpose import check_transpose
 
 __all__ = [
     "CheckFailed",
@@ -20,5 +21,6 @@ __all__ = [
     "check_matmul",
     "check_relu",
     "check_softmax",
+    "check_transpose",
     "check_vector_add",
 ]

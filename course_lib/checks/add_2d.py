@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 
@@ -52,7 +53,9 @@ SWAPPED_STRIDES_HINTS = {
 _TILE_SIDES = [1 << p for p in range(11)]
 
 
-def _layouts(m: int, n: int, generator: torch.Generator, dtype) -> dict[str, torch.Tensor]:
+def layouts(m: int, n: int, generator: torch.Generator, dtype) -> dict[str, torch.Tensor]:
+    """Seeded [m, n] inputs: contiguous, a transposed view, and a slice with steps."""
+
     def rand(*shape):
         return random_input(generator, shape, dtype, scale=4, shift=0.5)
 
@@ -63,9 +66,9 @@ def _layouts(m: int, n: int, generator: torch.Generator, dtype) -> dict[str, tor
     }
 
 
-def _cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [
+def tile_shapes() -> list[tuple[tuple[int, int], str]]:
+    """The [M, N] shapes lesson 03's checks try, each with why it is there."""
+    return [
         ((1, runtime.by_mode(gpu=100_003, interpreter=1000)), "one row"),
         ((runtime.by_mode(gpu=100_003, interpreter=1000), 1), "one column"),
         ((37, 61), "smaller than a tile"),
@@ -78,23 +81,27 @@ def _cases(seed: int) -> list[Case]:
             "many tiles",
         ),
     ]
+
+
+def _cases(seed: int) -> list[Case]:
+    generator = torch.Generator().manual_seed(seed)
     cases = []
-    for (m, n), why in shapes:
-        x, y = (_layouts(m, n, generator, torch.float32)["contiguous"] for _ in range(2))
+    for (m, n), why in tile_shapes():
+        x, y = (layouts(m, n, generator, torch.float32)["contiguous"] for _ in range(2))
         cases.append(Case(f"{m}x{n} ({why}), float32", (x, y), "contiguous"))
     for layout in ("transposed", "strided"):
         for mix in ("x", "both"):
-            x = _layouts(130, 257, generator, torch.float32)[layout]
-            y = _layouts(130, 257, generator, torch.float32)[
+            x = layouts(130, 257, generator, torch.float32)[layout]
+            y = layouts(130, 257, generator, torch.float32)[
                 layout if mix == "both" else "contiguous"
             ]
             which = "x" if mix == "x" else "x and y"
             cases.append(Case(f"130x257, {which} {layout}, float32", (x, y), layout))
     for dtype in runtime.DTYPES[1:]:
-        x, y = (_layouts(130, 257, generator, dtype)["contiguous"] for _ in range(2))
+        x, y = (layouts(130, 257, generator, dtype)["contiguous"] for _ in range(2))
         label = f"130x257 (not a multiple of the tile), {str(dtype).removeprefix('torch.')}"
         cases.append(Case(label, (x, y), "contiguous"))
-        x = _layouts(130, 257, generator, dtype)["transposed"]
+        x = layouts(130, 257, generator, dtype)["transposed"]
         cases.append(
             Case(
                 f"130x257, x transposed, {str(dtype).removeprefix('torch.')}", (x, y), "transposed"
@@ -103,62 +110,88 @@ def _cases(seed: int) -> list[Case]:
     return cases
 
 
-def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
-    """Hints that only a comparison of cases reveals."""
+def refine_tiles(
+    cases: Sequence[Case],
+    results: list[CaseResult],
+    *,
+    hints: Hints,
+    strides_hint: str,
+    square_hints: Collection[str],
+    crossed_hint: str = SWAPPED_HINT,
+    transposed: bool = False,
+) -> None:
+    """Hints that only a comparison of cases reveals, for a check of a kernel on tiles.
+
+    `strides_hint` is shown where contiguous inputs pass and the others fail;
+    `square_hints` are those a square case proves for every case; `transposed` says
+    the output is [N, M], its rows the columns of the input.
+    """
     contiguous = [r for c, r in zip(cases, results) if c.kind == "contiguous"]
-    crossed = _axes_crossed(cases, results)
+    crossed = _axes_crossed(cases, results, transposed)
     # swapped strides read far outside a non-square input, which alone looks like a
     # missing mask; where a square case names the swap, say so for all of them
-    swap = next((r.hint for r in results if r.hint in SWAPPED_STRIDES_HINTS.values()), None)
+    swap = next((r.hint for r in results if r.hint in square_hints), None)
     for case, result in zip(cases, results):
         if result.passed:
             continue
         if swap is not None and result.hint in (
-            HINTS.out_of_bounds,
-            HINTS.read_past_end,
-            HINTS.wrong_values,
+            hints.out_of_bounds,
+            hints.read_past_end,
+            hints.wrong_values,
         ):
             result.hint = swap
-        elif result.hint == HINTS.not_contiguous:
+        elif result.hint == hints.not_contiguous:
             continue  # right values in the wrong layout: nothing to do with the strides read
         elif case.kind != "contiguous" and all(r.passed for r in contiguous):
-            result.hint = STRIDES_HINT
+            result.hint = strides_hint
         elif crossed and result.written_extent is not None:
-            result.hint = SWAPPED_HINT
+            result.hint = crossed_hint
 
 
-def _axes_crossed(cases: Sequence[Case], results: list[CaseResult]) -> bool:
-    """Whether the rows and columns written in every case are those that a grid of
-    (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) programs covers when each takes its row tile
-    from axis 1 and its column tile from axis 0, for one choice of tiles."""
+def _axes_crossed(cases: Sequence[Case], results: list[CaseResult], transposed: bool) -> bool:
+    """Whether the rows and columns of the input written in every case are those that a
+    grid of (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) programs covers when each takes its row
+    tile from axis 1 and its column tile from axis 0, for one choice of tiles. For a
+    transpose, also those of a grid over the output's shape, (cdiv(N, BLOCK_M),
+    cdiv(M, BLOCK_N)), with the row tile from axis 0."""
     seen = []
     for case, result in zip(cases, results):
         m, n = case.inputs[0].shape
         if result.passed:
             seen.append((m, n, (m, n)))
         elif result.written_extent is not None:
-            seen.append((m, n, result.written_extent))
+            rows, cols = result.written_extent
+            seen.append((m, n, (cols, rows) if transposed else (rows, cols)))
     if all(extent == (m, n) for m, n, extent in seen):
         return False
+    # pid_m runs over cdiv(N, a) programs and pid_n over cdiv(M, b): crossed axes give
+    # (a, b) = (BLOCK_N, BLOCK_M), a transpose's grid over its output (BLOCK_M, BLOCK_N)
     return any(
-        all(
-            extent == (min(m, -(-n // block_n) * block_m), min(n, -(-m // block_m) * block_n))
-            for m, n, extent in seen
-        )
-        for block_m in _TILE_SIDES
-        for block_n in _TILE_SIDES
+        all(extent == (min(m, -(-n // a) * bm), min(n, -(-m // b) * bn)) for m, n, extent in seen)
+        for bm in _TILE_SIDES
+        for bn in _TILE_SIDES
+        for a, b in ([(bn, bm), (bm, bn)] if transposed else [(bn, bm)])
     )
 
 
-def _as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+def as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """[M, N] `t`'s memory read as if it were contiguous: what a kernel ignoring strides sees."""
     return t.as_strided(t.shape, (t.shape[1], 1))
+
+
+_refine = functools.partial(
+    refine_tiles,
+    hints=HINTS,
+    strides_hint=STRIDES_HINT,
+    square_hints=SWAPPED_STRIDES_HINTS.values(),
+)
 
 
 def check_add_2d(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
     """Check `fn(x, y)`, your launcher for lesson 03, against x + y on [M, N] matrices."""
     mistakes = [
         KnownMistake(
-            lambda x, y: _as_if_contiguous(x) + _as_if_contiguous(y),
+            lambda x, y: as_if_contiguous(x) + as_if_contiguous(y),
             STRIDES_HINT.split(": ", 1)[1],
         ),
         # on a square matrix, swapped strides read the transpose

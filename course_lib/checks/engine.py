@@ -116,6 +116,9 @@ class Hints:
         "the values differ from the reference: check the operation your kernel applies"
     )
     dtype: str = "allocate the output with the inputs' dtype (torch.empty_like(x) keeps it)"
+    returned_input: str = (
+        "allocate a new output with torch.empty_like(x), store into it, and return it"
+    )
     not_contiguous: str = (
         "allocate the output contiguous, torch.empty((M, N), dtype=x.dtype, device=x.device): "
         "torch.empty_like(x) copies x's strides, transposed ones included"
@@ -361,7 +364,7 @@ class _Diagnosis:
             self.result.hint = hint
 
     def run(self, out, expected, inputs, input_buffers, arena: GuardedArena) -> None:
-        if not self._output_is_usable(out, expected, input_buffers):
+        if not self._output_is_usable(out, expected, inputs, input_buffers):
             return
         names = _input_names(len(inputs))
         for name, view, clean in zip(names, inputs, self.case.inputs):
@@ -377,7 +380,7 @@ class _Diagnosis:
         self._unwritten(unwritten)
         self._values(out, expected, unwritten)
 
-    def _output_is_usable(self, out, expected, input_buffers) -> bool:
+    def _output_is_usable(self, out, expected, inputs, input_buffers) -> bool:
         if out is None:
             self.problem(
                 "your function returned None",
@@ -389,13 +392,23 @@ class _Diagnosis:
                 "return the output tensor itself",
             )
         elif owner := next(
-            (n for n, b in zip(_input_names(len(input_buffers)), input_buffers) if b.owns(out)),
+            (
+                (n, view)
+                for n, view, b in zip(_input_names(len(inputs)), inputs, input_buffers)
+                if b.owns(out)
+            ),
             None,
         ):
+            name, view = owner
+            layout = (out.shape, out.stride(), out.storage_offset())
+            same = layout == (view.shape, view.stride(), view.storage_offset())
             self.problem(
-                f"the result is the input `{owner}` itself",
-                "allocate a new output with torch.empty_like(x), store into it, and return it",
+                f"the result is the input `{name}` itself"
+                if same
+                else f"the result is a view of the input `{name}`: its memory, not a copy"
             )
+            # more telling than "launched no kernel": a view launches nothing
+            self.result.hint = self.hints.returned_input
         elif out.shape != expected.shape:
             self.problem(
                 f"output shape {list(out.shape)}, expected {list(expected.shape)}",
