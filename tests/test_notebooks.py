@@ -120,3 +120,21 @@ def test_exercise_notebook_stops_at_its_first_exercise(name):
         i for i in range(first_exercise + 1, len(nb.cells)) if nb.cells[i].cell_type == "code"
     )
     assert failed == [check_cell]
+
+
+@pytest.mark.parametrize("name", [p.name for p in SOLUTIONS])
+def test_gpu_outputs_in_solutions_are_recorded_runs_of_the_code_beside_them(name):
+    nb = nbformat.read(builder.SOLUTIONS / name, as_version=4)
+    unrecorded = [
+        index
+        for index, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        and cell.outputs
+        and "gpu_only(" in cell.source
+        and builder.recorded_run(cell) is None
+    ]
+    assert not unrecorded, (
+        f"solutions/{name}, cells {unrecorded}: GPU outputs that no adopted run of the cell's "
+        "current code made. Run the notebook on a GPU and adopt its outputs (README, For "
+        "instructors), or clear them."
+    )
