@@ -3,7 +3,7 @@
 from course_lib.checks.add_2d import check_add_2d
 from course_lib.checks.elementwise import check_relu, check_vector_add
 from course_lib.checks.engine import CheckFailed, CheckResult
-from course_lib.checks.matmul import check_matmul
+from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
 from course_lib.checks.softmax import check_softmax
 
 __all__ = [
@@ -11,6 +11,8 @@ __all__ = [
     "CheckResult",
     "check_add_2d",
     "check_matmul",
+    "check_matmul_bias_act",
+    "check_matmul_grouped",
     "check_relu",
     "check_softmax",
     "check_vector_add",
