@@ -95,3 +95,29 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
+
+
+MATMUL_ACTIVATIONS = (None, "relu", "leaky_relu")
+LEAKY_RELU_SLOPE = 0.01  # torch's default negative slope
+
+
+def activation(x: torch.Tensor, name: str | None) -> torch.Tensor:
+    """One of MATMUL_ACTIVATIONS applied to x: None leaves it, "relu" is max(x, 0),
+    "leaky_relu" is x where x >= 0 and LEAKY_RELU_SLOPE * x below."""
+    if name not in MATMUL_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {MATMUL_ACTIVATIONS}, got {name!r}")
+    if name == "relu":
+        return torch.relu(x)
+    if name == "leaky_relu":
+        return torch.nn.functional.leaky_relu(x, LEAKY_RELU_SLOPE)
+    return x
+
+
+def matmul_bias_act(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activation_name: str | None = None
+) -> torch.Tensor:
+    """activation(a @ b + bias) for [M, K], [K, N] and a bias [N] added to every row,
+    computed in float64 and rounded once to a's dtype. Moves at least
+    (M·K + K·N + N + M·N) elements; a separate bias and activation would move 4·M·N more."""
+    exact = torch.matmul(a.double(), b.double()) + bias.double()
+    return activation(exact, activation_name).to(a.dtype)

@@ -739,3 +739,174 @@ def transpose_grid_floor_rows(x):
 
 def transpose_grid_floor_columns(x):
     return _floor_grid(x, rows=False, columns=True)
+
+
+# --- lesson 05: grouped program order and the fused epilogue ------------------------------
+
+MATMUL_TILE = 32  # BLOCK_M = BLOCK_N = BLOCK_K, the interpreter's tile in lesson 05
+
+
+@triton.jit
+def _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """The float32 product of rows offs_m of A and columns offs_n of B."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
+    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
+    acc = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * sbk
+    return acc
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    MAPPING: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    if MAPPING == "first row not scaled":  # mistake: groups start GROUP_M times too close
+        first_pid_m = pid // num_pid_in_group
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    if MAPPING == "full last group":  # mistake: the last group walked as if it were full
+        group_size_m = GROUP_M + 0 * num_pid_m
+    within = pid % num_pid_in_group
+    pid_m = first_pid_m + within % group_size_m
+    pid_n = within // group_size_m
+    if MAPPING == "% and // exchanged":  # mistake
+        pid_m = first_pid_m + within // group_size_m
+        pid_n = within % group_size_m
+    if MAPPING == "exchanged":  # mistake: the right values, each in the other's place
+        pid_m, pid_n = pid_n, pid_m
+    if MAPPING == "row-major":  # mistake: lesson 05's first kernel's order
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def _grouped(a, b, GROUP_M, mapping="", grid_floor=False):
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    tiles = (M // MATMUL_TILE) * (N // MATMUL_TILE) if grid_floor else (
+        triton.cdiv(M, MATMUL_TILE) * triton.cdiv(N, MATMUL_TILE)
+    )  # fmt: skip
+    grouped_matmul_kernel[(tiles,)](
+        a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
+        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, GROUP_M=GROUP_M, MAPPING=mapping,
+    )  # fmt: skip
+    return c
+
+
+def _with_mapping(mapping: str, name: str):
+    """The launcher of grouped_matmul_kernel with this mapping from pid to tile."""
+
+    def launcher(a, b, GROUP_M=8):
+        return _grouped(a, b, GROUP_M, mapping)
+
+    launcher.__name__ = name
+    return launcher
+
+
+matmul_grouped = _with_mapping("", "matmul_grouped")  # right
+matmul_grouped_full_last_group = _with_mapping("full last group", "matmul_grouped_full_last_group")
+matmul_grouped_rest_swapped = _with_mapping("% and // exchanged", "matmul_grouped_rest_swapped")
+matmul_grouped_exchanged = _with_mapping("exchanged", "matmul_grouped_exchanged")
+matmul_grouped_row_major = _with_mapping("row-major", "matmul_grouped_row_major")
+matmul_grouped_first_row_not_scaled = _with_mapping(
+    "first row not scaled", "matmul_grouped_first_row_not_scaled"
+)
+
+
+def matmul_grouped_ignores_group_m(a, b, GROUP_M=8):
+    return _grouped(a, b, 8)  # mistake: the argument never reaches the kernel
+
+
+def matmul_grouped_grid_floor(a, b, GROUP_M=8):
+    return _grouped(a, b, GROUP_M, grid_floor=True)  # mistake: no program for edge tiles
+
+
+@triton.jit
+def _activate(x, ACTIVATION: tl.constexpr):
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "leaky_relu":
+        x = tl.where(x >= 0, x, 0.01 * x)
+    return x
+
+
+@triton.jit
+def matmul_bias_act_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACTIVATION: tl.constexpr, MISTAKE: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
+    if MISTAKE == "rounded first":  # mistake: C's dtype before the epilogue
+        acc = acc.to(c_ptr.dtype.element_ty)
+    if MISTAKE == "activation first":  # mistake
+        acc = _activate(acc, ACTIVATION)
+    if MISTAKE == "bias per row":  # mistake: bias[m] added to row m
+        acc += tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+    elif MISTAKE == "bias down the tile":  # mistake: bias[:, None] (square tiles)
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
+    elif MISTAKE == "bias in full tiles":  # mistake: the partial last tile gets none
+        if (tl.program_id(1) + 1) * BLOCK_N <= N:
+            acc += tl.load(bias_ptr + offs_n)[None, :]
+    elif MISTAKE != "no bias":
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if MISTAKE == "always relu":  # mistake: whatever ACTIVATION says
+        acc = tl.maximum(acc, 0.0)
+    elif MISTAKE != "activation first" and MISTAKE != "no activation":
+        acc = _activate(acc, ACTIVATION)
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def _bias_act(a, b, bias, activation, mistake=""):
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, MATMUL_TILE), triton.cdiv(N, MATMUL_TILE))
+    matmul_bias_act_kernel[grid](
+        a, b, bias, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
+        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, ACTIVATION=activation, MISTAKE=mistake,
+    )  # fmt: skip
+    return c
+
+
+def _with_epilogue_mistake(mistake: str):
+    """The launcher of matmul_bias_act_kernel making `mistake`, named after it."""
+
+    def launcher(a, b, bias, activation=None):
+        return _bias_act(a, b, bias, activation, mistake)
+
+    launcher.__name__ = "_".join(["matmul_bias_act", *mistake.split()])
+    return launcher
+
+
+matmul_bias_act = _with_epilogue_mistake("")  # right
+matmul_bias_act_no_bias = _with_epilogue_mistake("no bias")
+matmul_bias_act_bias_per_row = _with_epilogue_mistake("bias per row")
+matmul_bias_act_bias_down_the_tile = _with_epilogue_mistake("bias down the tile")
+matmul_bias_act_bias_in_full_tiles = _with_epilogue_mistake("bias in full tiles")
+matmul_bias_act_activation_first = _with_epilogue_mistake("activation first")
+matmul_bias_act_rounded_first = _with_epilogue_mistake("rounded first")
+matmul_bias_act_no_activation = _with_epilogue_mistake("no activation")
+matmul_bias_act_always_relu = _with_epilogue_mistake("always relu")

@@ -696,3 +696,231 @@ def test_a_right_transpose_passes_every_awkward_case(fn, capsys):
                 "square", "many tiles", "x transposed", "x strided", "float16"):  # fmt: skip
         assert any(why in label for label in labels), why
     assert any("bfloat16" in label for label in labels) == (runtime.MODE == "gpu")
+
+
+# --- lesson 05: grouped program order and the fused epilogue ------------------------------
+
+import functools  # noqa: E402
+
+from course_lib import references  # noqa: E402
+from course_lib.checks import matmul as matmul_checks  # noqa: E402
+from course_lib.checks.launches import recording_grids  # noqa: E402
+
+
+@functools.cache
+def _lesson_05_failure(check, fn) -> str:
+    """The report of a failing check, run once for all the tests that read it."""
+    return _failure(check, fn)
+
+
+LESSON_05_MISTAKES = [
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_full_last_group,
+        "(the last group shorter), float32: ",
+        "tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_rest_swapped,
+        "never written",
+        "a mapping with % and // exchanged",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_exchanged,
+        "(the last group shorter), float32: ",
+        "your pid_m and pid_n are exchanged",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_exchanged,
+        "(the order), float32: run with only its first 10 programs",
+        "go along a row of tiles before moving down",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_row_major,
+        "run with only its first 10 programs, your kernel wrote tiles (0, 0), (0, 1), (0, 2)",
+        "in row-major order",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_ignores_group_m,
+        "run with only its first",
+        "not for the GROUP_M = 4 your launcher was given",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_first_row_not_scaled,
+        "never written",
+        "tiles of C were never written, (pid_m, pid_n) = ",
+    ),
+    (
+        course_lib.check_matmul_grouped,
+        broken.matmul_grouped_grid_floor,
+        "never written",
+        "your grid ran only those",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_no_bias,
+        "elements wrong",
+        "the bias is missing: load it",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_bias_per_row,
+        "(M > N), activation='leaky_relu', float32: ",
+        "the bias went along the wrong axis",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_bias_per_row,
+        "(square), activation='relu', float32: ",
+        "the bias went along the wrong axis",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_bias_down_the_tile,
+        "(M < N), activation=None, float32: ",
+        "the bias went along the wrong axis",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_bias_in_full_tiles,
+        "(many tiles), activation='leaky_relu', float32: ",
+        "missing in the last column of tiles",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_activation_first,
+        "(square), activation='relu', float32: ",
+        "the activation came before the bias",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_rounded_first,
+        "(primes), activation=None, float16: ",
+        "rounded twice",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_no_activation,
+        "(square), activation='relu', float32: ",
+        "you applied no activation where activation='relu' was asked",
+    ),
+    (
+        course_lib.check_matmul_bias_act,
+        broken.matmul_bias_act_always_relu,
+        "activation=None, float32: ",
+        "you applied relu where activation=None was asked",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "problem", "hint"),
+    LESSON_05_MISTAKES,
+    ids=[f"{m[1].__name__}-{i}" for i, m in enumerate(LESSON_05_MISTAKES)],
+)
+def test_lesson_05_checks_name_the_mistake(check, fn, problem, hint):
+    report = _lesson_05_failure(check, fn)
+    assert problem in report, report
+    # the hint under that problem's case, not another case's
+    case_then_hint = re.escape(problem) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
+    assert re.search(case_then_hint, report), report
+
+
+@pytest.mark.parametrize(
+    ("check", "fn"),
+    [
+        (course_lib.check_matmul_grouped, broken.matmul_grouped),
+        (course_lib.check_matmul_bias_act, broken.matmul_bias_act),
+    ],
+    ids=["grouped", "bias_act"],
+)
+def test_lesson_05_checks_pass_a_right_kernel(check, fn, capsys):
+    result = check(fn)
+    assert capsys.readouterr().out == f"✓ {result.name}: every case passed\n"
+    labels = [c.label for c in result.cases]
+    assert any("float16" in label for label in labels)
+
+
+GROUPED_HINTS = [*matmul_checks.MAPPING_HINTS.values(), matmul_checks.ACROSS_FIRST_HINT]
+
+
+def _hint_families(report: str, hints: list[str]) -> set[int]:
+    """Which of `hints` (by their text before the first {field}) the report shows."""
+    return {i for i, h in enumerate(hints) if h.split("{")[0] in report}
+
+
+@pytest.mark.parametrize(
+    ("fn", "allowed"),
+    [
+        (broken.matmul_grouped_full_last_group, {0}),
+        (broken.matmul_grouped_rest_swapped, {1}),
+        (broken.matmul_grouped_exchanged, {2, 4}),
+        (broken.matmul_grouped_row_major, {3}),
+        (broken.matmul_grouped_ignores_group_m, set()),
+        (broken.matmul_grouped_first_row_not_scaled, set()),
+        (broken.matmul_grouped_grid_floor, set()),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_grouped_hints_name_only_the_mapping_made(fn, allowed):
+    report = _lesson_05_failure(course_lib.check_matmul_grouped, fn)
+    assert _hint_families(report, GROUPED_HINTS) == allowed, report
+
+
+BIAS_ACT_HINTS = [
+    matmul_checks.BIAS_MISSING_HINT,
+    matmul_checks.BIAS_PER_ROW_HINT,
+    matmul_checks.BIAS_TAIL_HINT,
+    matmul_checks.ACTIVATION_FIRST_HINT,
+    matmul_checks.ROUNDED_FIRST_HINT,
+    matmul_checks.WRONG_ACTIVATION_HINT,
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "allowed"),
+    [
+        (broken.matmul_bias_act_no_bias, {0}),
+        (broken.matmul_bias_act_bias_per_row, {1}),
+        (broken.matmul_bias_act_bias_down_the_tile, {1}),
+        (broken.matmul_bias_act_bias_in_full_tiles, {2}),
+        (broken.matmul_bias_act_activation_first, {3}),
+        (broken.matmul_bias_act_rounded_first, {4}),
+        (broken.matmul_bias_act_no_activation, {5}),
+        (broken.matmul_bias_act_always_relu, {5}),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_bias_act_hints_name_only_the_mistake_made(fn, allowed):
+    report = _lesson_05_failure(course_lib.check_matmul_bias_act, fn)
+    assert _hint_families(report, BIAS_ACT_HINTS) == allowed, report
+
+
+def test_grouped_check_says_when_the_launcher_takes_no_group_m():
+    report = _failure(course_lib.check_matmul_grouped, broken.matmul_swapped_a_strides)
+    assert "unexpected keyword argument 'GROUP_M'" in report
+
+
+def test_lesson_05_checks_reject_a_non_callable():
+    for check in (course_lib.check_matmul_grouped, course_lib.check_matmul_bias_act):
+        with pytest.raises(TypeError, match="expects your launcher function"):
+            check("matmul")
+
+
+def test_recording_grids_runs_only_the_first_programs():
+    x = torch.zeros(4 * broken.BLOCK_SIZE, device=runtime.DEVICE)
+    with recording_grids(first_programs=2) as grids:
+        out = broken._launch(broken.add_kernel, x, x + 1, out=torch.zeros_like(x))
+    assert grids == [(4,)]
+    assert out[: 2 * broken.BLOCK_SIZE].eq(1).all() and out[2 * broken.BLOCK_SIZE :].eq(0).all()
+
+
+def test_the_epilogue_reference_refuses_an_unknown_activation():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        references.activation(torch.ones(2), "gelu")

@@ -8,7 +8,7 @@ from course_lib.checks.elementwise import (
     check_vector_add,
 )
 from course_lib.checks.engine import CheckFailed, CheckResult
-from course_lib.checks.matmul import check_matmul
+from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
 from course_lib.checks.softmax import check_softmax
 from course_lib.checks.transpose import check_transpose
 
@@ -19,6 +19,8 @@ __all__ = [
     "check_axpy",
     "check_leaky_relu",
     "check_matmul",
+    "check_matmul_bias_act",
+    "check_matmul_grouped",
     "check_relu",
     "check_softmax",
     "check_transpose",

@@ -35,6 +35,10 @@ class Case:
     tolerance: torch.dtype | str | None = None  # a TOLERANCES key; default: output dtype
     atol_scale: float = 1.0  # e.g. sqrt(K) for a dot product of K terms
     kwargs: dict = field(default_factory=dict)  # passed by name too (BLOCK_SIZE=256, ...)
+    # where the kwargs change the result (activation="relu"): this case's own reference,
+    # and mistakes to try before the check's own
+    reference: Callable[..., torch.Tensor] | None = None
+    mistakes: Sequence[KnownMistake] = ()
 
 
 def random_input(
@@ -243,7 +247,7 @@ def _run_case(
     fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool
 ) -> CaseResult:
     result = CaseResult(case.label)
-    expected = reference(*case.inputs)
+    expected = (case.reference or reference)(*case.inputs)
     names = _input_names(len(case.inputs))
     guarded = [guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, names)]
     inputs = [view for view, _ in guarded]
@@ -269,7 +273,7 @@ def _run_case(
     if launches[0] == 0:
         result.problems.append("your function launched no Triton kernel")
         result.hint = NO_LAUNCH_HINT
-    diagnosis = _Diagnosis(result, hints, case, mistakes)
+    diagnosis = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes])
     diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
     if contiguous_output and isinstance(out, torch.Tensor) and not out.is_contiguous():
         diagnosis.problem(

@@ -5,7 +5,8 @@ kernel. Both ways a kernel can run, compiled (`JITFunction.run`) and interpreted
 (`InterpretedFunction.run`), go through a `run` method; while counting, each class's
 `run` is wrapped, and autotuned kernels are counted through the kernel they run. The
 finished kernels' lean launches skip `run` once a kernel is compiled, and are counted at
-`LeanLauncher.run_compiled`.
+`LeanLauncher.run_compiled`. `recording_grids` wraps the same `run` methods to record
+each launch's grid, and can run only the first programs of it.
 """
 
 from __future__ import annotations
@@ -60,3 +61,41 @@ def counting_launches():
         for cls, run in originals.items():
             cls.run = run
         LeanLauncher.run_compiled = run_compiled
+
+
+@contextlib.contextmanager
+def recording_grids(first_programs: int | None = None):
+    """Yields a list that receives the grid of each launch, as the launcher asked for it.
+
+    With `first_programs`, each launch runs only the programs 0 .. first_programs - 1
+    of its grid's first axis: what the first programs of a grid computed shows the
+    order in which a kernel hands out its tiles.
+    """
+    grids: list[tuple[int, ...]] = []
+    originals = {cls: cls.run for cls in _runners()}
+
+    def limited(grid: tuple[int, ...]) -> tuple[int, ...]:
+        grid = tuple(grid)
+        grids.append(grid)
+        if first_programs is None or not grid:
+            return grid
+        return (min(grid[0], first_programs), *grid[1:])
+
+    def wrap(run):
+        def recorded(self, *args, grid, warmup=False, **kwargs):
+            if not warmup:
+                if callable(grid):
+                    grid = lambda meta, asked=grid: limited(asked(meta))
+                else:
+                    grid = limited(grid)
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return recorded
+
+    for cls, run in originals.items():
+        cls.run = wrap(run)
+    try:
+        yield grids
+    finally:
+        for cls, run in originals.items():
+            cls.run = run
