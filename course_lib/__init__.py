@@ -27,6 +27,8 @@ from course_lib.checks import (  # noqa: E402
     check_matmul,
     check_relu,
     check_softmax,
+    check_softmax_looped,
+    check_softmax_persistent,
     check_vector_add,
 )
 
@@ -41,6 +43,8 @@ __all__ = [
     "check_matmul",
     "check_relu",
     "check_softmax",
+    "check_softmax_looped",
+    "check_softmax_persistent",
     "check_vector_add",
     "gpu_only",
     "show_environment",

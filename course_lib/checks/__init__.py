@@ -4,7 +4,11 @@ from course_lib.checks.add_2d import check_add_2d
 from course_lib.checks.elementwise import check_relu, check_vector_add
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.matmul import check_matmul
-from course_lib.checks.softmax import check_softmax
+from course_lib.checks.softmax import (
+    check_softmax,
+    check_softmax_looped,
+    check_softmax_persistent,
+)
 
 __all__ = [
     "CheckFailed",
@@ -13,5 +17,7 @@ __all__ = [
     "check_matmul",
     "check_relu",
     "check_softmax",
+    "check_softmax_looped",
+    "check_softmax_persistent",
     "check_vector_add",
 ]
