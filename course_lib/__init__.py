@@ -31,6 +31,8 @@ from course_lib.checks import (  # noqa: E402
     check_matmul_grouped,
     check_relu,
     check_softmax,
+    check_softmax_looped,
+    check_softmax_persistent,
     check_transpose,
     check_vector_add,
 )
@@ -50,6 +52,8 @@ __all__ = [
     "check_matmul_grouped",
     "check_relu",
     "check_softmax",
+    "check_softmax_looped",
+    "check_softmax_persistent",
     "check_transpose",
     "check_vector_add",
     "gpu_only",

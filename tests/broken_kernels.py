@@ -220,25 +220,33 @@ def add_2d_grid_floor(x, y):
 def softmax_kernel(
     x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
     BLOCK_SIZE: tl.constexpr, PAD: tl.constexpr, SUBTRACT_MAX: tl.constexpr,
+    TENSOR_MASK: tl.constexpr = False, HALF_SUM: tl.constexpr = False,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=PAD).to(tl.float32)
+    load_mask = mask
+    if TENSOR_MASK:  # mistake: the mask keeps the block inside the tensor, not the row
+        load_mask = row * stride_x + cols < n_rows * n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=load_mask, other=PAD).to(tl.float32)
     if SUBTRACT_MAX:
         x = x - tl.max(x, axis=0)
     numerator = tl.exp(x)
+    if HALF_SUM:  # mistake: the exponentials, and so their sum, kept in float16
+        numerator = numerator.to(tl.float16)
     out = numerator / tl.sum(numerator, axis=0)
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _softmax(x, *, block=None, pad=-float("inf"), subtract_max=True, row_stride=None):
+def _softmax(x, *, block=None, pad=-float("inf"), subtract_max=True, row_stride=None,
+             tensor_mask=False, half_sum=False):  # fmt: skip
     n_rows, n_cols = x.shape
     out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     block = block or triton.next_power_of_2(n_cols)
     stride = row_stride if row_stride is not None else x.stride(0)
     softmax_kernel[(n_rows,)](x, out, n_rows, n_cols, stride, out.stride(0), BLOCK_SIZE=block,
-                              PAD=pad, SUBTRACT_MAX=subtract_max)  # fmt: skip
+                              PAD=pad, SUBTRACT_MAX=subtract_max, TENSOR_MASK=tensor_mask,
+                              HALF_SUM=half_sum)  # fmt: skip
     return out
 
 
@@ -258,8 +266,31 @@ def softmax_ignores_row_stride(x):
     return _softmax(x, row_stride=x.shape[1])
 
 
+@triton.jit
+def softmax_columns_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.arange(0, ROWS)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
+    numerator = tl.exp(x.to(tl.float32) - tl.max(x.to(tl.float32), axis=0)[None, :])
+    out = numerator / tl.sum(numerator, axis=0)[None, :]  # mistake: axis 0, the columns
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
+
+
 def softmax_over_columns(x):
-    return _softmax(x.t().contiguous()).t().contiguous()  # normalises each column
+    # a block of columns per program: a transposed one-row-per-program launch would take a
+    # program per column, 70,001 of them on the float16 case, minutes in the interpreter
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    softmax_columns_kernel[(triton.cdiv(n_cols, 128),)](
+        x, out, n_rows, n_cols, x.stride(0), out.stride(0),
+        ROWS=triton.next_power_of_2(n_rows), BLOCK_N=128,
+    )  # fmt: skip
+    return out
 
 
 # --- lesson 05: matmul --------------------------------------------------------------------
@@ -910,3 +941,130 @@ matmul_bias_act_activation_first = _with_epilogue_mistake("activation first")
 matmul_bias_act_rounded_first = _with_epilogue_mistake("rounded first")
 matmul_bias_act_no_activation = _with_epilogue_mistake("no activation")
 matmul_bias_act_always_relu = _with_epilogue_mistake("always relu")
+
+
+# --- lesson 04: softmax in float16, a whole-tensor mask, the online and persistent kernels --
+
+
+def softmax_sums_in_half_precision(x):
+    # (leaving out x.to(tl.float32) alone is not this mistake: tl.exp returns float32 for a
+    # float16 input, so the sum that follows runs in float32 anyway)
+    return _softmax(x, half_sum=x.dtype == torch.float16)
+
+
+def softmax_whole_tensor_mask(x):
+    # the store keeps the row mask: with the tensor mask there too, programs race for the
+    # next row's first columns on a GPU, and a test wants one answer
+    return _softmax(x.contiguous(), tensor_mask=True)
+
+
+@triton.jit
+def softmax_looped_variant_kernel(
+    x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK_SIZE: tl.constexpr,
+    RESCALE: tl.constexpr, GUARD: tl.constexpr, ONE_PASS: tl.constexpr,
+    SECOND_OFFSETS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    x_row, out_row = x_ptr + row * stride_x, out_ptr + row * stride_out
+    m = tl.full([], -float("inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        block = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(block, axis=0))
+        shift = m_new
+        if GUARD:  # mistake when False: -inf - (-inf) = NaN while the max is -inf
+            shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        if RESCALE:  # mistake when False: old terms keep the old max
+            s = s * tl.exp(m - shift)
+        s = s + tl.sum(tl.exp(block - shift), axis=0)
+        m = m_new
+        if ONE_PASS:  # mistake: each block normalised with the statistics so far
+            tl.store(out_row + cols, (tl.exp(block - m) / s).to(out_ptr.dtype.element_ty),
+                     mask=cols < n_cols)  # fmt: skip
+    if not ONE_PASS:
+        for start in range(0, n_cols, BLOCK_SIZE):
+            cols = tl.arange(0, BLOCK_SIZE)
+            if SECOND_OFFSETS:  # mistake when False: every trip stores the first block
+                cols = start + tl.arange(0, BLOCK_SIZE)
+            block = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"))
+            probs = tl.exp(block.to(tl.float32) - m) / s
+            tl.store(out_row + cols, probs.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _softmax_looped(x, BLOCK_SIZE=2048, *, rescale=True, guard=True, one_pass=False,  # noqa: N803
+                    second_offsets=True):  # fmt: skip
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    block = min(BLOCK_SIZE, triton.next_power_of_2(n_cols))
+    softmax_looped_variant_kernel[(n_rows,)](
+        x, out, n_cols, x.stride(0), out.stride(0), BLOCK_SIZE=block, RESCALE=rescale,
+        GUARD=guard, ONE_PASS=one_pass, SECOND_OFFSETS=second_offsets,
+    )  # fmt: skip
+    return out
+
+
+def softmax_looped_correct(x, BLOCK_SIZE=2048):  # noqa: N803  (the lesson's name)
+    return _softmax_looped(x, BLOCK_SIZE)
+
+
+def softmax_looped_no_rescale(x, BLOCK_SIZE=2048):  # noqa: N803
+    return _softmax_looped(x, BLOCK_SIZE, rescale=False)
+
+
+def softmax_looped_no_inf_guard(x, BLOCK_SIZE=2048):  # noqa: N803
+    return _softmax_looped(x, BLOCK_SIZE, guard=False)
+
+
+def softmax_looped_one_pass(x, BLOCK_SIZE=2048):  # noqa: N803
+    return _softmax_looped(x, BLOCK_SIZE, one_pass=True)
+
+
+def softmax_looped_second_pass_no_offsets(x, BLOCK_SIZE=2048):  # noqa: N803
+    return _softmax_looped(x, BLOCK_SIZE, second_offsets=False)
+
+
+@triton.jit
+def softmax_persistent_variant_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, BLOCK_SIZE: tl.constexpr,
+    LOOP: tl.constexpr, FROM_ZERO: tl.constexpr,
+):  # fmt: skip
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    pid = tl.program_id(0).to(tl.int64)
+    first_row = pid
+    if FROM_ZERO:  # mistake: every program starts at row 0
+        first_row = pid * 0
+    end = n_rows
+    if not LOOP:  # mistake: one row per program, as in the one-program-per-row kernel
+        end = tl.minimum(first_row + 1, n_rows)
+    for row in tl.range(first_row, end, tl.num_programs(0)):
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=-float("inf"))
+        numerator = tl.exp(x.to(tl.float32) - tl.max(x.to(tl.float32), axis=0))
+        out = numerator / tl.sum(numerator, axis=0)
+        tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _softmax_persistent(x, n_programs=None, *, loop=True, from_zero=False):
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    n_programs = n_programs or 4
+    softmax_persistent_variant_kernel[(min(n_rows, n_programs),)](
+        x, out, n_rows, n_cols, x.stride(0), out.stride(0),
+        BLOCK_SIZE=triton.next_power_of_2(n_cols), LOOP=loop, FROM_ZERO=from_zero,
+    )  # fmt: skip
+    return out
+
+
+def softmax_persistent_correct(x, n_programs=None):
+    return _softmax_persistent(x, n_programs)
+
+
+def softmax_persistent_no_loop(x, n_programs=None):
+    return _softmax_persistent(x, n_programs, loop=False)
+
+
+def softmax_persistent_loop_from_zero(x, n_programs=None):
+    return _softmax_persistent(x, n_programs, from_zero=True)

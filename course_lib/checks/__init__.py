@@ -9,7 +9,11 @@ from course_lib.checks.elementwise import (
 )
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
-from course_lib.checks.softmax import check_softmax
+from course_lib.checks.softmax import (
+    check_softmax,
+    check_softmax_looped,
+    check_softmax_persistent,
+)
 from course_lib.checks.transpose import check_transpose
 
 __all__ = [
@@ -23,6 +27,8 @@ __all__ = [
     "check_matmul_grouped",
     "check_relu",
     "check_softmax",
+    "check_softmax_looped",
+    "check_softmax_persistent",
     "check_transpose",
     "check_vector_add",
 ]
