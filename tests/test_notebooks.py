@@ -8,7 +8,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from course_lib import builder
+import course_lib
+from course_lib import builder, recordings
 
 SOLUTIONS = sorted(builder.SOLUTIONS.glob("*.ipynb"))
 LESSONS = [pytest.param(p.name, id=p.stem) for p in SOLUTIONS if not builder.is_appendix(p)]
@@ -138,3 +139,24 @@ def test_gpu_outputs_in_solutions_are_recorded_runs_of_the_code_beside_them(name
         "current code made. Run the notebook on a GPU and adopt its outputs (README, For "
         "instructors), or clear them."
     )
+
+
+@pytest.mark.notebooks
+@pytest.mark.skipif(course_lib.MODE == "gpu", reason="on a GPU the cell measures live")
+def test_a_gpu_only_cell_run_without_a_gpu_shows_its_recording():
+    entry = next(e for e in recordings._all() if any("data" in o for o in e["outputs"]))
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("import course_lib"),
+            nbformat.v4.new_code_cell(entry["source"]),
+        ]
+    )
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    outputs = nb.cells[1].outputs
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert (
+        f"needs a GPU: skipped in the interpreter.\n{recordings.label(entry['recorded_on'])}"
+        in text
+    )
+    shown = [o.data for o in outputs if o.output_type == "display_data"]
+    assert shown == [o["data"] for o in entry["outputs"] if o["output_type"] == "display_data"]
