@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from course_lib import runtime
+
 BLOCK_SIZE = 128
 
 
@@ -301,6 +303,7 @@ def matmul_kernel(
     a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_K: tl.constexpr, ADVANCE: tl.constexpr, FP16_ACC: tl.constexpr, MASK_STORE: tl.constexpr,
+    SWAP_B_IN_FORMULA: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -310,6 +313,8 @@ def matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
     b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
+    if SWAP_B_IN_FORMULA:  # mistake: B's strides exchanged in the pointers, not in the advance
+        b_ptrs = b_ptr + offs_k[:, None] * sbn + offs_n[None, :] * sbk
     if FP16_ACC:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # mistake: half accumulator
     else:
@@ -332,15 +337,17 @@ def matmul_kernel(
 
 
 def _matmul(a, b, *, mask_k=True, advance=True, fp16_acc=False, mask_store=True,
-            out_dtype=None, swap_a=False):  # fmt: skip
+            out_dtype=None, swap_a=False, swap_b_in_formula=False, tiles=(32, 32, 32)):  # fmt: skip
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
     sa = a.stride()[::-1] if swap_a else a.stride()
-    grid = (triton.cdiv(M, 32) * triton.cdiv(N, 32),)
-    matmul_kernel[grid](a, b, c, M, N, K, *sa, *b.stride(), *c.stride(), BLOCK_M=32,
-                        BLOCK_N=32, BLOCK_K=32, MASK_K=mask_k, ADVANCE=advance,
-                        FP16_ACC=fp16_acc, MASK_STORE=mask_store)  # fmt: skip
+    block_m, block_n, block_k = tiles
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    matmul_kernel[grid](a, b, c, M, N, K, *sa, *b.stride(), *c.stride(), BLOCK_M=block_m,
+                        BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=mask_k, ADVANCE=advance,
+                        FP16_ACC=fp16_acc, MASK_STORE=mask_store,
+                        SWAP_B_IN_FORMULA=swap_b_in_formula)  # fmt: skip
     return c
 
 
@@ -366,6 +373,15 @@ def matmul_without_store_mask(a, b):
 
 def matmul_swapped_a_strides(a, b):
     return _matmul(a, b, swap_a=True)
+
+
+def matmul_b_strides_swapped_in_formula(a, b):
+    return _matmul(a, b, swap_b_in_formula=True, tiles=(16, 16, 16))
+
+
+def matmul_b_strides_swapped_in_formula_notebook_tiles(a, b):
+    tiles = runtime.by_mode(gpu=(128, 128, 32), interpreter=(32, 32, 32))  # lesson 05's
+    return _matmul(a, b, swap_b_in_formula=True, tiles=tiles)
 
 
 @triton.jit

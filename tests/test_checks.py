@@ -316,6 +316,19 @@ MISTAKES = [
         "A's strides are swapped",
         marks=ON_GPU_IT_CRASHES,
     ),
+    *[
+        pytest.param(
+            course_lib.check_matmul,
+            fn,
+            "(B square, one K step), float32: ",
+            "B's strides are swapped",
+            marks=ON_GPU_IT_CRASHES,
+        )
+        for fn in (
+            broken.matmul_b_strides_swapped_in_formula,
+            broken.matmul_b_strides_swapped_in_formula_notebook_tiles,
+        )
+    ],
 ]
 
 
@@ -367,9 +380,36 @@ def test_vector_add_sizes_cover_the_awkward_cases():
 
 
 @ON_GPU_IT_CRASHES
-def test_swapped_matmul_strides_are_not_blamed_on_the_k_mask():
-    report = _failure(course_lib.check_matmul, broken.matmul_swapped_a_strides)
-    assert "Mask the K dimension" not in report
+@pytest.mark.parametrize(
+    "fn",
+    [
+        broken.matmul_swapped_a_strides,
+        broken.matmul_b_strides_swapped_in_formula,
+        broken.matmul_b_strides_swapped_in_formula_notebook_tiles,
+    ],
+    ids=lambda fn: fn.__name__,
+)
+def test_swapped_matmul_strides_are_not_blamed_on_a_mask(fn):
+    report = _failure(course_lib.check_matmul, fn)
+    assert "mask the K dimension" not in report.lower()
+    assert "mask the store" not in report
+
+
+def test_a_load_stopped_out_of_bounds_gets_the_load_hint_where_a_check_has_one():
+    from course_lib.checks import engine
+    from course_lib.checks import matmul as matmul_check
+    from course_lib.interpreter_guard import OutOfBoundsAccess
+
+    for kind, hints, expected in [
+        ("load", matmul_check.HINTS, matmul_check.HINTS.load_out_of_bounds),
+        ("store", matmul_check.HINTS, matmul_check.HINTS.out_of_bounds),
+        ("load", engine.Hints(), engine.Hints().out_of_bounds),  # no load hint of its own
+    ]:
+        result = engine.CaseResult("case")
+        error = OutOfBoundsAccess(f"tl.{kind} in program (0, 0, 0) reached 1 address(es) ...")
+        engine._explain_exception(error, result, hints)
+        assert result.hint == expected, (kind, result.hint)
+    assert "mask the K dimension in both loads" in matmul_check.HINTS.load_out_of_bounds
 
 
 def test_pytorch_without_a_kernel_does_not_pass():

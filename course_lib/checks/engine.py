@@ -70,6 +70,8 @@ class Hints:
         "the last block runs past the end. Guard tl.store (and tl.load) with "
         "mask = offsets < n_elements"
     )
+    # where a tl.load, not a tl.store, was stopped outside every tensor; None: out_of_bounds
+    load_out_of_bounds: str | None = None
     before_start: str = "some offsets are negative: check how you compute the offsets"
     nothing_written: str = (
         "did the kernel store its result? Check tl.store's pointer and the grid size"
@@ -292,7 +294,8 @@ def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -
     oob = interpreter_guard.find_out_of_bounds(error)
     if oob is not None:
         result.problems.append(f"out-of-bounds access stopped: {oob}")
-        result.hint = hints.out_of_bounds
+        loaded = str(oob).startswith("tl.load")
+        result.hint = (loaded and hints.load_out_of_bounds) or hints.out_of_bounds
         return
     if "illegal memory access" in str(error):
         result.problems.append(CONTEXT_LOST)

@@ -31,6 +31,11 @@ HINTS = Hints(
         "A or B (the memory around them holds NaN during a check). Mask the K dimension: "
         "offs_k < K - k * BLOCK_K in both loads, with other=0.0"
     ),
+    load_out_of_bounds=(
+        "a load of A or B reached outside it: mask the K dimension in both loads, "
+        "offs_k < K - k * BLOCK_K with other=0.0, and check the strides in both pointer "
+        "formulas and in the advance"
+    ),
     nothing_written="did the kernel store its tile of C? Check tl.store's pointers and the grid",
     grid_too_small=(
         "the grid misses tiles of C: launch triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N) "
@@ -126,6 +131,8 @@ def _cases(seed: int) -> list[Case]:
         case(61, 67, 71, "primes"),
         case(45, 53, 7, "K smaller than a K tile"),
         case(96, 96, 96, "square"),
+        # B square and one K step: B's strides swapped anywhere read B transposed, in bounds
+        case(48, 16, 16, "B square, one K step"),
         case(*big, "no dimension a multiple of a tile"),
         case(61, 67, 71, "A transposed", ta=True, kind="transposed"),
         case(61, 67, 71, "B transposed", tb=True, kind="transposed"),
@@ -153,7 +160,11 @@ def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
         close = result.relative_error is not None and result.relative_error < 1e-2
         if half and close and all(r.passed for r in full):
             result.hint = FP16_ACCUMULATION_HINT
-        elif swap and result.hint in (HINTS.read_past_end, HINTS.wrong_values):
+        elif swap and result.hint in (
+            HINTS.read_past_end,
+            HINTS.wrong_values,
+            HINTS.load_out_of_bounds,
+        ):
             result.hint = swap
 
 
