@@ -21,6 +21,7 @@ import contextlib
 import sys
 import types
 import warnings
+from pathlib import Path
 
 # sm_80: the oldest architecture every current Triton feature the course uses compiles for
 _TARGET = ("cuda", 80, 32)
@@ -79,7 +80,19 @@ def check_launch(fn, args: tuple, kwargs: dict) -> None:
     message = _message(fn, refused)
     if (fn, message) not in _seen:  # the same refusal at another dtype says nothing new
         _seen.add((fn, message))
-        warnings.warn(message, GPUCompileWarning, stacklevel=3)
+        warnings.warn(message, GPUCompileWarning, stacklevel=_launch_level())
+
+
+def _launch_level() -> int:
+    """The stacklevel of the first caller outside Triton and course_lib: the line that
+    launched the kernel, which is where the warning is shown."""
+    import triton
+
+    inside = (str(Path(triton.__file__).parent), str(Path(__file__).parent))
+    frame, level = sys._getframe(1), 1  # check_launch, which calls warnings.warn
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _message(fn, error) -> str:

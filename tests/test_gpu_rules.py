@@ -71,8 +71,9 @@ def test_float16_exp_is_reported_with_the_float32_fix():
 
 
 def test_an_if_on_a_block_is_reported_once_with_tl_where_and_still_runs():
-    with pytest.warns(GPUCompileWarning, match=r"at `if x > 0:`.*tl\.where"):
+    with pytest.warns(GPUCompileWarning, match=r"at `if x > 0:`.*tl\.where") as record:
         _launch(if_on_a_block, torch.float32)
+    assert record[0].filename == __file__  # shown at the launch, not inside Triton
     with warnings.catch_warnings():
         warnings.simplefilter("error", GPUCompileWarning)
         _launch(if_on_a_block, torch.float32)  # same kernel and types: said already
