@@ -18,6 +18,7 @@ those differ, the check switches itself off and kernels run without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
 import warnings
@@ -112,11 +113,11 @@ def _message(fn, error) -> str:
 
 def _front_end_source(fn, args, kwargs):
     """The ASTSource a GPU launch of `fn` with these arguments would compile, and a key."""
-    from triton.compiler.compiler import ASTSource, make_backend
+    from triton.compiler.compiler import ASTSource
     from triton.runtime.jit import create_function_from_signature
 
     jit_fn = _as_jit(fn)
-    backend = _backend(make_backend)
+    backend = _backend()
     binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
     bound_args, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = jit_fn._pack_args(
@@ -126,16 +127,16 @@ def _front_end_source(fn, args, kwargs):
     return (ASTSource(jit_fn, signature, constexprs, attrs), options), key
 
 
-_backends: dict = {}
+@functools.cache
+def _backend():
+    """Triton's CUDA backend for the generic target: no GPU needed to build it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(GPUTarget(*_TARGET))
+
+
 _jitted: dict = {}
-
-
-def _backend(make_backend):
-    if "cuda" not in _backends:
-        from triton.backends.compiler import GPUTarget
-
-        _backends["cuda"] = make_backend(GPUTarget(*_TARGET))
-    return _backends["cuda"]
 
 
 def _as_jit(fn):
@@ -197,7 +198,7 @@ def _make_ir(source_and_options) -> None:
     from triton.backends.compiler import GPUTarget
 
     source, options = source_and_options
-    backend = _backends["cuda"]
+    backend = _backend()
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)

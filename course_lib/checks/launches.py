@@ -32,10 +32,22 @@ def _runners() -> list[type]:
 
 
 @contextlib.contextmanager
+def _wrapped_runs(wrap):
+    """Replace each runner class's `run` with `wrap(run)` for the block, then restore it."""
+    originals = {cls: cls.run for cls in _runners()}
+    for cls, run in originals.items():
+        cls.run = wrap(run)
+    try:
+        yield
+    finally:
+        for cls, run in originals.items():
+            cls.run = run
+
+
+@contextlib.contextmanager
 def counting_launches():
     """Yields a one-element list holding the number of launches so far."""
     count = [0]
-    originals = {cls: cls.run for cls in _runners()}
 
     def wrap(run):
         def counted(self, *args, warmup=False, **kwargs):
@@ -52,14 +64,11 @@ def counting_launches():
     from course_lib.kernels._launch import LeanLauncher
 
     run_compiled = LeanLauncher.run_compiled
-    for cls, run in originals.items():
-        cls.run = wrap(run)
     LeanLauncher.run_compiled = counted_compiled
     try:
-        yield count
+        with _wrapped_runs(wrap):
+            yield count
     finally:
-        for cls, run in originals.items():
-            cls.run = run
         LeanLauncher.run_compiled = run_compiled
 
 
@@ -72,7 +81,6 @@ def recording_grids(first_programs: int | None = None):
     order in which a kernel hands out its tiles.
     """
     grids: list[tuple[int, ...]] = []
-    originals = {cls: cls.run for cls in _runners()}
 
     def limited(grid: tuple[int, ...]) -> tuple[int, ...]:
         grid = tuple(grid)
@@ -92,10 +100,5 @@ def recording_grids(first_programs: int | None = None):
 
         return recorded
 
-    for cls, run in originals.items():
-        cls.run = wrap(run)
-    try:
+    with _wrapped_runs(wrap):
         yield grids
-    finally:
-        for cls, run in originals.items():
-            cls.run = run
