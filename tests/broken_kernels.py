@@ -83,6 +83,10 @@ def add_grid_too_small(x, y):
     return _launch(add_kernel, x, y, grid=(x.numel() // BLOCK_SIZE or 1,))  # floor, not ceil
 
 
+def add_grid_floor(x, y):
+    return _launch(add_kernel, x, y, grid=(x.numel() // BLOCK_SIZE,))  # 0 programs below a block
+
+
 def add_wrong_op(x, y):
     return _launch(sub_kernel, x, y)
 

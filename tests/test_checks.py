@@ -763,7 +763,7 @@ LESSON_05_MISTAKES = [
     (
         course_lib.check_matmul_grouped,
         broken.matmul_grouped_rest_swapped,
-        "never written",
+        "(the last group shorter), float32: ",  # the sizes differ by mode, and so the symptom
         "a mapping with % and // exchanged",
     ),
     (
@@ -1091,3 +1091,21 @@ def test_half_precision_hint_needs_the_float32_cases_to_pass():
 def test_softmax_variant_checks_say_which_parameter_is_missing(check, parameter):
     with pytest.raises(TypeError, match=f"give it a {parameter} parameter"):
         check(softmax.softmax)
+
+
+def test_a_grid_of_no_programs_is_named_as_such():
+    result = _failure(course_lib.check_vector_add, broken.add_grid_floor)
+    empty = [c for c in result.splitlines() if "0 of " in c and "elements written" in c]
+    assert empty and "the grid has no programs" in result and "triton.cdiv" in result
+    assert "did the kernel store" not in result
+    assert "the grid is too small" in result  # the sizes above a block lose only the tail
+
+
+def test_the_costly_float16_overflow_case_waits_for_the_rest():
+    # a wrong mask at its 131,072-wide block takes a GPU compile minutes: not run while
+    # other cases fail, and run (and named) once they pass
+    report = _failure(course_lib.check_softmax, broken.softmax_whole_tensor_mask)
+    assert "(row sum past float16's 65504), float16: not run until every case above" in report
+    report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
+    assert "float16's 65504), float16: not run" not in report
+    assert "your kernel computes in float16" in report

@@ -20,7 +20,7 @@ import torch
 
 from course_lib import interpreter_guard, runtime
 from course_lib.checks.guard import GuardedArena, GuardedBuffer, guarded_copy, is_poison
-from course_lib.checks.launches import counting_launches
+from course_lib.checks.launches import counting_launches, recording_grids
 from course_lib.checks.tolerances import tolerance_for
 
 
@@ -39,6 +39,9 @@ class Case:
     # and mistakes to try before the check's own
     reference: Callable[..., torch.Tensor] | None = None
     mistakes: Sequence[KnownMistake] = ()
+    # run only once every case before it has passed: for a costly case whose finding
+    # means something only then (say, a float16 overflow of an otherwise right kernel)
+    after_the_rest: bool = False
 
 
 def random_input(
@@ -75,6 +78,10 @@ class Hints:
     before_start: str = "some offsets are negative: check how you compute the offsets"
     nothing_written: str = (
         "did the kernel store its result? Check tl.store's pointer and the grid size"
+    )
+    empty_grid: str = (
+        "the grid has no programs: a floor division such as n // BLOCK is 0 whenever n is "
+        "smaller than the block. Round up with triton.cdiv(n, BLOCK)"
     )
     grid_too_small: str = (
         "the grid is too small: launch triton.cdiv(n_elements, BLOCK_SIZE) programs "
@@ -224,6 +231,9 @@ def run_check(
             # after an illegal memory access every CUDA call fails: run nothing more
             results.append(CaseResult(case.label, ["not run: the CUDA context is lost"]))
             continue
+        if case.after_the_rest and not all(r.passed for r in results):
+            results.append(CaseResult(case.label, [NOT_RUN_YET]))
+            continue
         results.append(_run_case(fn, case, reference, mistakes, hints, contiguous_output))
     if refine is not None:
         refine(cases, results)
@@ -235,6 +245,7 @@ def run_check(
 
 
 CONTEXT_LOST = "the GPU stopped your kernel: an illegal memory access"
+NOT_RUN_YET = "not run until every case above passes"
 NO_LAUNCH_HINT = (
     "the result came from PyTorch, not from a kernel of yours: launch your kernel with "
     "kernel[grid](...) and return the tensor it wrote"
@@ -259,7 +270,12 @@ def _run_case(
         ranges = [r for _, buf in guarded for r in buf.byte_ranges()]
         watch = interpreter_guard.watching(ranges)
     try:
-        with watch as stray_accesses, counting_launches() as launches, arena:
+        with (
+            watch as stray_accesses,
+            counting_launches() as launches,
+            recording_grids() as grids,
+            arena,
+        ):
             out = fn(*inputs, **case.kwargs)
             if runtime.MODE == "gpu":
                 torch.cuda.synchronize()
@@ -275,7 +291,8 @@ def _run_case(
     if launches[0] == 0:
         result.problems.append("your function launched no Triton kernel")
         result.hint = NO_LAUNCH_HINT
-    diagnosis = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes])
+    empty_grids = bool(grids) and all(0 in grid for grid in grids)
+    diagnosis = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
     diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
     if contiguous_output and isinstance(out, torch.Tensor) and not out.is_contiguous():
         diagnosis.problem(
@@ -364,6 +381,7 @@ class _Diagnosis:
     hints: Hints
     case: Case
     mistakes: Sequence[KnownMistake]
+    empty_grids: bool = False  # every launch asked for a grid with 0 programs on some axis
 
     def problem(self, text: str, hint: str | None = None) -> None:
         self.result.problems.append(text)
@@ -450,6 +468,9 @@ class _Diagnosis:
     def _unwritten(self, unwritten: torch.Tensor) -> None:
         n, count = unwritten.numel(), int(unwritten.sum())
         if count == 0:
+            return
+        if count == n and self.empty_grids:
+            self.problem(f"0 of {n} elements written", self.hints.empty_grid)
             return
         if count == n:
             self.problem(f"0 of {n} elements written", self.hints.nothing_written)

@@ -146,9 +146,13 @@ def _cases(seed: int) -> list[Case]:
         )
         cases.append(Case(f"16x1024 (rows wider than 256), {name}", (rand(16, 1024, dtype=dtype),)))
     # 70,001 scores close together: their exponentials sum to about 67,000, past float16's
-    # largest value, so a kernel that sums in float16 gets inf, and 0 for every output
+    # largest value, so a kernel that sums in float16 gets inf, and 0 for every output.
+    # Its block of 131,072 is costly to compile (for some wrong masks, minutes on a GPU), and
+    # its hint assumes the rest pass: it runs last, and only then.
     close = rand(1, 70_001, scale=0.01, dtype=torch.float16)
-    cases.append(Case("1x70001 (row sum past float16's 65504), float16", (close,)))
+    cases.append(
+        Case("1x70001 (row sum past float16's 65504), float16", (close,), after_the_rest=True)
+    )
     return cases
 
 
