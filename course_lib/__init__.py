@@ -8,7 +8,7 @@ import sys
 
 from course_lib import runtime  # noqa: I001  (must come first: it sets TRITON_INTERPRET)
 from course_lib.interpreter_guard import OutOfBoundsAccess  # noqa: E402
-from course_lib.runtime import DEVICE, MODE, by_mode, gpu_only, show_environment
+from course_lib.runtime import DEVICE, MODE, by_mode, compile_kernel, gpu_only, show_environment
 
 if runtime.INTERPRETED:
     from course_lib import interpreter_guard
@@ -56,6 +56,7 @@ __all__ = [
     "check_softmax_persistent",
     "check_transpose",
     "check_vector_add",
+    "compile_kernel",
     "gpu_only",
     "show_environment",
 ]

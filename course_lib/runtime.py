@@ -86,6 +86,24 @@ def gpu_only(step: str, capability: tuple[int, int] | None = None) -> bool:
     return False
 
 
+def compile_kernel(kernel, *args, **options):
+    """Compile a @triton.jit `kernel` for these arguments and options without running it,
+    and load it on the GPU, so that its `n_regs` (registers per thread), `n_spills` and
+    `metadata` (`num_warps`, `shared` bytes) are known. GPU only."""
+    if INTERPRETED:
+        raise RuntimeError(
+            "compile_kernel needs a GPU: the interpreter runs kernels as Python and compiles "
+            "nothing. Guard the cell with course_lib.gpu_only(...)."
+        )
+    if not callable(getattr(kernel, "warmup", None)):
+        raise TypeError(f"compile_kernel expects a @triton.jit kernel, got {kernel!r}")
+    compiled = kernel.warmup(*args, grid=(1,), **options)
+    # Triton loads a kernel on its first launch; n_regs and n_spills exist from then on.
+    # warmup() launches nothing, so load it here (a private step, kept in this one place).
+    compiled._init_handles()
+    return compiled
+
+
 @contextlib.contextmanager
 def tf32(allowed: bool) -> Iterator[None]:
     """Set torch.backends.cuda.matmul.allow_tf32, which torch.matmul and the finished

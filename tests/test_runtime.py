@@ -116,3 +116,30 @@ def test_tf32_sets_the_flag_for_the_block_and_restores_it_after_an_error():
             assert torch.backends.cuda.matmul.allow_tf32 is (not before)
             raise KeyError
     assert torch.backends.cuda.matmul.allow_tf32 is before
+
+
+@pytest.mark.gpu
+def test_compile_kernel_compiles_and_loads_without_running():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def double_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2, mask=mask)
+
+    x = torch.randn(100, device="cuda")
+    before = x.clone()
+    compiled = runtime.compile_kernel(double_kernel, x, 100, BLOCK=128, num_warps=2)
+    torch.cuda.synchronize()
+    assert torch.equal(x, before)  # compiled, not run
+    assert compiled.n_regs > 0 and compiled.metadata.num_warps == 2
+    with pytest.raises(TypeError, match="@triton.jit"):
+        runtime.compile_kernel(lambda x: x, x)
+
+
+def test_compile_kernel_says_it_needs_a_gpu_in_the_interpreter(monkeypatch):
+    monkeypatch.setattr(runtime, "INTERPRETED", True)
+    with pytest.raises(RuntimeError, match="needs a GPU.*gpu_only"):
+        runtime.compile_kernel(object())
