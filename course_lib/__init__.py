@@ -23,6 +23,7 @@ if runtime.INTERPRETED:
 from course_lib.checks import (  # noqa: E402
     CheckFailed,
     CheckResult,
+    ExerciseNotDone,
     check_add_2d,
     check_axpy,
     check_leaky_relu,
@@ -43,6 +44,7 @@ __all__ = [
     "CheckFailed",
     "OutOfBoundsAccess",
     "CheckResult",
+    "ExerciseNotDone",
     "by_mode",
     "check_add_2d",
     "check_axpy",

@@ -12,10 +12,11 @@ the nbgrader way::
     ### END SOLUTION
 
 Each region becomes a stub with the region's indentation. In plain Python the stub
-raises NotImplementedError; inside a ``@triton.jit`` function, where ``raise`` does
-not compile, it is a ``tl.static_assert(False, ...)`` that fails at launch. Every
+raises course_lib.ExerciseNotDone (a NotImplementedError); inside a ``@triton.jit``
+function, where ``raise`` does not compile, it is a ``tl.static_assert(False, ...)``
+that fails at launch. Every
 exercise cell must hold at least one plain-Python region, so that running an
-unsolved notebook stops at its first exercise with NotImplementedError. Outputs
+unsolved notebook stops at its first exercise with ExerciseNotDone. Outputs
 are cleared, except the recorded GPU run of a ``gpu_only`` cell, which is kept under
 a line naming the GPU it ran on (see recordings.py) and also written to
 course_lib/gpu_recordings/ for learners running without a GPU.
@@ -127,7 +128,7 @@ def stub_source(source: str, grade_id: str, where: str) -> str:
     if all(r.in_kernel for r in regions):
         raise BuildError(
             f"{where}: every region is inside a @triton.jit function; put one in the "
-            "launcher too, so an unsolved notebook stops here with NotImplementedError"
+            "launcher too, so an unsolved notebook stops here with ExerciseNotDone"
         )
     lines = source.splitlines()
     out, cursor = [], 0
@@ -137,7 +138,7 @@ def stub_source(source: str, grade_id: str, where: str) -> str:
         if r.in_kernel:
             out.append(f"{r.indent}tl.static_assert(False, {message!r})")
         else:
-            out.append(f"{r.indent}raise NotImplementedError({message!r})")
+            out.append(f"{r.indent}raise course_lib.ExerciseNotDone({message!r})")
         cursor = r.end + 1
     out += lines[cursor:]
     return "\n".join(out)

@@ -57,7 +57,7 @@ def test_stub_replaces_each_region_by_kind():
     stubbed = builder.stub_source(SOLVED, "ex-k", "cell")
     assert "tl.load(x_ptr" not in stubbed and "k[(1,)]" not in stubbed
     assert "    tl.static_assert(False, \"Exercise 'ex-k': replace this line" in stubbed
-    assert "    raise NotImplementedError(\"Exercise 'ex-k': replace this line" in stubbed
+    assert "    raise course_lib.ExerciseNotDone(\"Exercise 'ex-k': replace this line" in stubbed
     assert "# TODO(1): load (1 line)" in stubbed and "    return x" in stubbed
     compile(stubbed, "stub", "exec")
 

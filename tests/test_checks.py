@@ -68,9 +68,9 @@ def test_failure_report_lists_every_case_and_renders_without_traceback():
 
 def test_not_implemented_propagates_untouched():
     def stub(x, y):
-        raise NotImplementedError("Exercise 'ex': replace this line")
+        raise course_lib.ExerciseNotDone("Exercise 'ex': replace this line")
 
-    with pytest.raises(NotImplementedError, match="replace this line"):
+    with pytest.raises(course_lib.ExerciseNotDone, match="replace this line"):
         course_lib.check_vector_add(stub)
 
 
@@ -407,7 +407,7 @@ def test_a_load_stopped_out_of_bounds_gets_the_load_hint_where_a_check_has_one()
     ]:
         result = engine.CaseResult("case")
         error = OutOfBoundsAccess(f"tl.{kind} in program (0, 0, 0) reached 1 address(es) ...")
-        engine._explain_exception(error, result, hints)
+        engine._explain_error(engine._describe_exception(error), result, hints)
         assert result.hint == expected, (kind, result.hint)
     assert "mask the K dimension in both loads" in matmul_check.HINTS.load_out_of_bounds
 
@@ -1109,3 +1109,11 @@ def test_the_costly_float16_overflow_case_waits_for_the_rest():
     report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
     assert "float16's 65504), float16: not run" not in report
     assert "your kernel computes in float16" in report
+
+
+def test_a_learners_own_not_implemented_error_is_a_finding():
+    def launcher(x, y):
+        raise NotImplementedError("Exercise 'ex': looks like a stub, but is the learner's")
+
+    report = _failure(course_lib.check_vector_add, launcher)
+    assert "your function raised NotImplementedError" in report

@@ -110,7 +110,7 @@ def test_exercise_notebook_stops_at_its_first_exercise(name):
     )
     with pytest.raises(CellExecutionError) as info:
         client.execute()
-    assert info.value.ename == "NotImplementedError", info.value
+    assert info.value.ename == "ExerciseNotDone", info.value
     failed = [
         i
         for i, c in enumerate(nb.cells)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from course_lib import interpreter_guard, runtime
+from course_lib.checks import replay
 from course_lib.checks.guard import GuardedArena, GuardedBuffer, guarded_copy, is_poison
 from course_lib.checks.launches import counting_launches, recording_grids
 from course_lib.checks.tolerances import tolerance_for
@@ -192,6 +193,11 @@ class CheckResult:
         return f"<details><summary>{len(self.cases)} cases</summary><pre>{details}</pre></details>"
 
 
+class ExerciseNotDone(NotImplementedError):
+    """Raised by an exercise's stub: the learner has not written this part yet. Checks let
+    it through untouched, so the learner sees the stub's own message."""
+
+
 class CheckFailed(AssertionError):
     """A check found mistakes. In Jupyter it shows the report alone, no traceback."""
 
@@ -234,9 +240,10 @@ def run_check(
         if case.after_the_rest and not all(r.passed for r in results):
             results.append(CaseResult(case.label, [NOT_RUN_YET]))
             continue
-        results.append(_run_case(fn, case, reference, mistakes, hints, contiguous_output))
+        results.append(_run_case(name, fn, case, reference, mistakes, hints, contiguous_output))
     if refine is not None:
         refine(cases, results)
+    _exchange_findings(replay.active(), name, results)
     result = CheckResult(name, results)
     if not result.passed:
         raise CheckFailed(result)
@@ -257,8 +264,42 @@ def _input_names(n: int) -> list[str]:
 
 
 def _run_case(
-    fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool
+    name: str, fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool
 ) -> CaseResult:
+    session = replay.active()
+    if isinstance(session, replay.Replayer):
+        return _replay_case(session, name, case, reference, mistakes, hints, contiguous_output)
+    result = _call_case(fn, case, reference, mistakes, hints, contiguous_output, record := {})
+    if isinstance(session, replay.Recorder):
+        session.records.append({**record, "check": name, "label": case.label})
+    return result
+
+
+def _exchange_findings(session, name: str, results: list[CaseResult]) -> None:
+    """Where a check is split across processes (replay.py): the learner's process records
+    each case's final findings, refine's included, which the grader's cannot all see (the
+    guard bands, stray reads, what a check's wrapper saw of the launches); the grader's
+    process adopts them for a case it found no fault in. They can fail a case, never pass one.
+    """
+    by_label = {r.label: r for r in results}
+    if isinstance(session, replay.Recorder):
+        for record in session.records:
+            if record["check"] == name and (found := by_label.get(record["label"])):
+                record.update(problems=list(found.problems), hint=found.hint)
+    elif isinstance(session, replay.Replayer):
+        for record in session.taken(name):
+            found = by_label.get(record.get("label"))
+            problems = record.get("problems")
+            if found and found.passed and isinstance(problems, list) and problems:
+                found.problems = [_short(p) for p in problems[:5]]
+                found.hint = _short(record.get("hint")) or None
+
+
+def _call_case(
+    fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool, record: dict
+) -> CaseResult:
+    """Run the learner's function on one case and diagnose what it did. `record` receives
+    what the call produced, as data (see replay.py)."""
     result = CaseResult(case.label)
     expected = (case.reference or reference)(*case.inputs)
     names = _input_names(len(case.inputs))
@@ -279,25 +320,18 @@ def _run_case(
             out = fn(*inputs, **case.kwargs)
             if runtime.MODE == "gpu":
                 torch.cuda.synchronize()
-    except NotImplementedError as error:
-        if str(error).startswith("Exercise '"):
-            raise  # the exercise is not written yet: let the learner see the stub's message
-        _explain_exception(error, result, hints)
-        return result
+    except ExerciseNotDone:
+        raise  # the exercise is not written yet: let the learner see the stub's message
     except Exception as error:  # noqa: BLE001  (anything the learner's code raises is a finding)
-        _explain_exception(error, result, hints)
+        record["error"] = _describe_exception(error)
+        _explain_error(record["error"], result, hints)
         return result
-
-    if launches[0] == 0:
-        result.problems.append("your function launched no Triton kernel")
-        result.hint = NO_LAUNCH_HINT
     empty_grids = bool(grids) and all(0 in grid for grid in grids)
-    diagnosis = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
-    diagnosis.run(out, expected, inputs, [g for _, g in guarded], arena)
-    if contiguous_output and isinstance(out, torch.Tensor) and not out.is_contiguous():
-        diagnosis.problem(
-            f"the output is not contiguous (strides {list(out.stride())})", hints.not_contiguous
-        )
+    record.update(replay.output_record(out), launches=launches[0], empty_grids=empty_grids)
+    judge = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
+    judge.judge(
+        out, expected, inputs, [g for _, g in guarded], arena, launches[0], contiguous_output
+    )
     stray_reads = sum(n for (kind, _), n in stray_accesses.items() if kind == "load")
     if stray_reads and result.passed:
         result.problems.append(
@@ -307,14 +341,69 @@ def _run_case(
     return result
 
 
-def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -> None:
+NOT_RECORDED = "no result: the submission's run stopped before this case, or skipped it"
+
+
+def _replay_case(
+    session: replay.Replayer, name: str, case: Case, reference, mistakes, hints: Hints,
+    contiguous_output: bool,
+) -> CaseResult:  # fmt: skip
+    """Judge one case from what the learner's process recorded (see replay.py). Nothing
+    recorded is trusted beyond its own case: text is shortened, types are checked."""
+    result = CaseResult(case.label)
+    record = session.take(name, case.label)
+    if record is None:
+        result.problems.append(NOT_RECORDED)
+        return result
+    try:
+        if isinstance(error := record.get("error"), dict):
+            _explain_error({k: _short(v) for k, v in error.items()}, result, hints)
+            return result
+        expected = (case.reference or reference)(*case.inputs)
+        guarded = [
+            guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, _input_names(len(case.inputs)))
+        ]
+        inputs = [view for view, _ in guarded]
+        arena = GuardedArena()
+        out = replay.replayed_output(record, expected, arena)
+        launches, empty_grids = int(record["launches"]), bool(record.get("empty_grids"))
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        result.problems.append(f"the submission's record of this case is unusable: {error}"[:300])
+        return result
+    judge = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
+    judge.judge(out, expected, inputs, [g for _, g in guarded], arena, launches, contiguous_output)
+    return result
+
+
+def _short(value, limit: int = 400) -> str:
+    return "" if value is None else str(value)[:limit]
+
+
+def _describe_exception(error: BaseException) -> dict:
+    """What the diagnosis needs of an exception, as plain data."""
     oob = interpreter_guard.find_out_of_bounds(error)
     if oob is not None:
+        return {"out_of_bounds": str(oob)}
+    if "illegal memory access" in str(error):
+        return {"context_lost": True}
+    # Triton wraps errors raised inside a kernel: report the learner's own exception
+    cause = error.__cause__ if error.__cause__ is not None else error
+    lines = str(cause).strip().splitlines()
+    where = _learners_frame(cause) or _learners_frame(error)
+    return {
+        "type": type(cause).__name__,
+        "last_line": lines[-1] if lines else "",
+        "where": f"{where.filename}:{where.lineno}: {where.line}" if where else None,
+    }
+
+
+def _explain_error(error: dict, result: CaseResult, hints: Hints) -> None:
+    if (oob := error.get("out_of_bounds")) is not None:
         result.problems.append(f"out-of-bounds access stopped: {oob}")
         loaded = str(oob).startswith("tl.load")
         result.hint = (loaded and hints.load_out_of_bounds) or hints.out_of_bounds
         return
-    if "illegal memory access" in str(error):
+    if error.get("context_lost"):
         result.problems.append(CONTEXT_LOST)
         result.hint = (
             "your kernel reached memory far outside its tensors (a wrong stride or offset), "
@@ -323,14 +412,11 @@ def _explain_exception(error: BaseException, result: CaseResult, hints: Hints) -
             "mistake stops with an error naming the argument"
         )
         return
-    # Triton wraps errors raised inside a kernel: report the learner's own exception
-    cause = error.__cause__ if error.__cause__ is not None else error
-    lines = str(cause).strip().splitlines()
-    last = lines[-1] if lines else ""
-    result.problems.append(f"your function raised {type(cause).__name__}: {last}"[:400])
-    where = _learners_frame(cause) or _learners_frame(error)
-    if where is not None:
-        result.problems.append(f"at {where.filename}:{where.lineno}: {where.line}")
+    result.problems.append(
+        f"your function raised {error.get('type')}: {error.get('last_line', '')}"[:400]
+    )
+    if error.get("where"):
+        result.problems.append(f"at {error['where']}"[:400])
     result.hint = "read the error above: it happened inside your launcher or kernel"
 
 
@@ -387,6 +473,19 @@ class _Diagnosis:
         self.result.problems.append(text)
         if hint is not None and self.result.hint is None:
             self.result.hint = hint
+
+    def judge(
+        self, out, expected, inputs, input_buffers, arena, launches: int, contiguous: bool
+    ) -> None:
+        """Everything a case's call left behind: launches, output, inputs, memory."""
+        if launches == 0:
+            self.problem("your function launched no Triton kernel", NO_LAUNCH_HINT)
+        self.run(out, expected, inputs, input_buffers, arena)
+        if contiguous and isinstance(out, torch.Tensor) and not out.is_contiguous():
+            self.problem(
+                f"the output is not contiguous (strides {list(out.stride())})",
+                self.hints.not_contiguous,
+            )
 
     def run(self, out, expected, inputs, input_buffers, arena: GuardedArena) -> None:
         if not self._output_is_usable(out, expected, inputs, input_buffers):
