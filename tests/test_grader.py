@@ -1,100 +1,348 @@
-"""The grader runs submissions and scores their check cells, without writing to them."""
+"""The grader, against submissions of lesson 01 that are right, wrong, broken or hostile.
+
+One grading run covers most fixtures (the grader runs them in parallel, as an instructor
+would); each test then reads its learner's rows. Each fixture is the solved lesson with
+some answer cells replaced, or the file itself damaged.
+"""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from course_lib import grader
+from course_lib.builder import NOTEBOOKS, SOLUTIONS
+from course_lib.grader import lesson as lesson_module
 
-EXERCISE = {
-    "nbgrader": {
-        "grade": False,
-        "grade_id": "ex-f",
-        "locked": False,
-        "schema_version": 3,
-        "solution": True,
-        "task": False,
-    }
+LESSON = "01_vector_add"
+ANSWERS = {
+    cell.metadata["nbgrader"]["grade_id"]: cell.source
+    for cell in nbformat.read(SOLUTIONS / f"{LESSON}.ipynb", as_version=4).cells
+    if cell.get("metadata", {}).get("nbgrader", {}).get("solution")
 }
-CHECK = {
-    "nbgrader": {
-        "grade": True,
-        "grade_id": "check-f",
-        "locked": True,
-        "points": 2,
-        "schema_version": 3,
-        "solution": False,
-        "task": False,
-    }
+ADD, AXPY = ANSWERS["ex-vector-add"], ANSWERS["ex-axpy"]
+STUBS = {  # the exercise notebook as shipped, every answer still to write
+    cell.metadata["nbgrader"]["grade_id"]: cell.source
+    for cell in nbformat.read(NOTEBOOKS / f"{LESSON}.ipynb", as_version=4).cells
+    if cell.get("metadata", {}).get("nbgrader", {}).get("solution")
+}
+FLOOR_GRID = ADD.replace(
+    "grid = (triton.cdiv(n_elements, BLOCK_SIZE),)", "grid = (n_elements // BLOCK_SIZE,)"
+)
+ALPHA_ON_Y = AXPY.replace("alpha * x + y", "x + alpha * y")
+TORCH_RESULT = ADD.replace("    return out\n    ### END", "    return x + y\n    ### END")
+FINISHED_KERNEL = "from course_lib.kernels.vector_add import add\n" + ADD
+PATCHED_CHECK = ADD.replace("    return out\n    ### END", "    return out + 1\n    ### END") + (
+    "\nimport sys\nfor name in ('run_check', '_replay_case'):\n"
+    "    setattr(sys.modules['course_lib.checks.engine'], name, lambda *a, **k: None)\n"
+    "sys.modules['course_lib'].check_vector_add = lambda fn: None\n"
+)
+HANG = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+DIE = "import os\nos.kill(os.getpid(), 9)\n"
+LOUD = "print('x' * 50_000_000)\n" + AXPY
+
+FIXTURES = {
+    "correct": {},
+    "partly": {"ex-axpy": ALPHA_ON_Y},
+    "floor_grid": {"ex-vector-add": FLOOR_GRID},
+    "torch_result": {"ex-vector-add": TORCH_RESULT},
+    "finished_kernel": {"ex-vector-add": FINISHED_KERNEL},
+    "patched_check": {"ex-vector-add": PATCHED_CHECK},
+    "hangs_in_axpy": {"ex-axpy": AXPY + "\n" + HANG},
+    "dies_in_axpy": {"ex-axpy": DIE},
+    "syntax_error": {"ex-vector-add": "def add(x, y)\n    return x"},
+    "loud": {"ex-axpy": LOUD},
+    "unsolved": STUBS,
+    "undefined": {"ex-vector-add": "BLOCK_SIZE = 1024\n", "ex-axpy": AXPY},
 }
 
 
-def _notebook(answer: str, check: str = "assert f() == 1, 'f() should return 1'"):
-    return new_notebook(
-        cells=[new_code_cell(answer, metadata=EXERCISE), new_code_cell(check, metadata=CHECK)],
-        metadata={
-            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
-        },
+def _submission(path: Path, answers: dict[str, str], tamper=None) -> None:
+    nb = nbformat.read(SOLUTIONS / f"{LESSON}.ipynb", as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    if tamper:
+        tamper(nb)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def _ruin_check_cells(nb) -> None:
+    """What the old grader fell for: a check cell turned into markdown, a second check
+    cell with the same grade_id, and metadata that names another lesson."""
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+            cell.cell_type = "markdown"
+    nb.metadata["course"] = {"generated_from": "solutions/02_relu.ipynb"}
+
+
+def _rename_axpy_cell(nb) -> None:
+    """The axpy answer cell lost its grade_id (copied into a new cell, say)."""
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "ex-axpy":
+            cell.metadata["nbgrader"]["grade_id"] = "my-axpy"
+
+
+def _grade(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.grader", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
-@pytest.fixture
-def shipped(tmp_path):
-    folder = tmp_path / "notebooks"
-    folder.mkdir()
-    nbformat.write(
-        _notebook("def f():\n    raise NotImplementedError('ex-f')"), folder / "01_f.ipynb"
-    )
-    return folder
+def _rows(results: Path) -> dict[tuple[str, str], dict]:
+    with (results / "grades.csv").open(newline="") as f:
+        return {(r["student_id"], r["grade_id"]): r for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grading")
+    subs = root / "subs"
+    for learner, answers in FIXTURES.items():
+        _submission(subs / learner / f"{LESSON}.ipynb", answers)
+    _submission(subs / "ruined_checks" / f"{LESSON}.ipynb", {}, _ruin_check_cells)
+    _submission(subs / "renamed_cell" / f"{LESSON}.ipynb", {}, _rename_axpy_cell)
+    broken = subs / "truncated" / f"{LESSON}.ipynb"
+    broken.parent.mkdir()
+    broken.write_text((SOLUTIONS / f"{LESSON}.ipynb").read_text()[:5000])
+    # a planted course_lib that passes everything, beside a wrong answer
+    _submission(subs / "planted" / f"{LESSON}.ipynb", {"ex-axpy": ALPHA_ON_Y})
+    planted = subs / "planted" / "course_lib"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("raise SystemExit('the planted course_lib ran')\n")
+    before = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
+    started = time.perf_counter()
+    # run from inside the submissions, where a planted package would be found first
+    done = _grade(
+        str(subs), "--out", str(root / "results"), "--cell-timeout", "20",
+        "--workers", "2", cwd=root,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
+    print(f"graded {len(FIXTURES) + 4} submissions in {elapsed:.0f} s")
+    return {"rows": _rows(root / "results"), "results": root / "results", "run": done,
+            "unchanged": before == after, "subs": subs}  # fmt: skip
+
+
+def _row(graded, learner, grade_id):
+    return graded["rows"][(learner, grade_id)]
+
+
+def test_a_correct_submission_earns_every_point(graded):
+    assert _row(graded, "correct", "check-vector-add")["score"] == "2"
+    assert _row(graded, "correct", "check-axpy")["score"] == "1"
+    assert _row(graded, "correct", "check-axpy")["status"] == "passed"
+    assert _row(graded, "correct", "check-axpy")["flags"] == ""
+
+
+def test_a_partly_correct_submission_keeps_what_it_earned(graded):
+    assert _row(graded, "partly", "check-vector-add")["score"] == "2"
+    row = _row(graded, "partly", "check-axpy")
+    assert row["score"] == "0" and row["status"] == "failed"
+    feedback = (graded["results"] / "feedback" / "partly.md").read_text()
+    assert "alpha" in feedback and "elements wrong" in feedback  # the check's own report
+
+
+def test_a_wrong_kernel_scores_nothing_and_its_report_names_the_mistake(graded):
+    row = _row(graded, "floor_grid", "check-vector-add")
+    assert row["score"] == "0"
+    feedback = (graded["results"] / "feedback" / "floor_grid.md").read_text()
+    assert "the grid has no programs" in feedback
+
+
+def test_torch_cannot_pass_for_a_kernel(graded):
+    row = _row(graded, "torch_result", "check-vector-add")
+    assert row["score"] == "0" and "PyTorch computes" in row["reason"]
+
+
+def test_the_finished_kernels_are_off_limits(graded):
+    row = _row(graded, "finished_kernel", "check-vector-add")
+    assert row["score"] == "0" and "course_lib.kernels" in row["reason"]
+
+
+def test_patching_the_checker_earns_nothing(graded):
+    # the checker is patched in the learner's process; the verdict is made in another
+    row = _row(graded, "patched_check", "check-vector-add")
+    assert row["score"] == "0", row
+    assert "imports sys" in row["flags"]
 
 
 @pytest.mark.parametrize(
-    ("answer", "check", "earned", "reason"),
+    ("learner", "lost", "reason", "kept"),
     [
-        ("def f():\n    return 1", None, 2, "passed"),
-        ("def f():\n    raise NotImplementedError('ex-f')", None, 0, "NotImplementedError: ex-f"),
-        ("def f():\n    return 2", None, 0, "AssertionError: f() should return 1"),
-        ("def f():\n    return 2", "pass", 0, "check cell was edited"),
+        # a loop that ignores Ctrl-C: the process group is killed at the cell's limit
+        ("hangs_in_axpy", "check-axpy", "ran past its 20 s limit", "check-vector-add"),
+        ("dies_in_axpy", "check-axpy", "signal 9", "check-vector-add"),
+        ("syntax_error", "check-vector-add", "does not parse", "check-axpy"),
+        ("undefined", "check-vector-add", "add is not defined", "check-axpy"),
+        (
+            "renamed_cell",
+            "check-axpy",
+            "answer cell ex-axpy is not in the notebook",
+            "check-vector-add",
+        ),
     ],
-    ids=["solved", "unsolved", "wrong", "edited-check"],
 )
-def test_grade(tmp_path, shipped, answer, check, earned, reason):
-    path = tmp_path / "01_f.ipynb"
-    nb = _notebook(answer) if check is None else _notebook(answer, check)
-    nbformat.write(nb, path)
-    before = path.read_bytes()
-    [cell] = grader.grade(path, timeout=60, shipped_dir=shipped)
-    assert (cell.grade_id, cell.earned, cell.points, cell.reason) == ("check-f", earned, 2, reason)
-    assert path.read_bytes() == before
+def test_a_broken_answer_costs_only_its_own_exercise(graded, learner, lost, reason, kept):
+    row = _row(graded, learner, lost)
+    assert row["score"] == "0" and reason in row["reason"], row
+    assert _row(graded, learner, kept)["status"] == "passed"
 
 
-def test_unknown_lesson_is_reported(tmp_path, shipped):
-    path = tmp_path / "99_other.ipynb"
-    nbformat.write(_notebook("x = 1"), path)
-    with pytest.raises(FileNotFoundError, match="keep the lesson's file name"):
-        grader.grade(path, shipped_dir=shipped)
+def test_gigantic_output_is_capped_and_grading_goes_on(graded):
+    assert _row(graded, "loud", "check-axpy")["score"] == "1"
 
 
-def test_csv_is_never_overwritten(tmp_path, capsys):
-    existing = tmp_path / "grades.csv"
-    existing.write_text("mine")
-    assert grader.main([str(tmp_path / "a.ipynb"), "--csv", str(existing)]) == 2
-    assert existing.read_text() == "mine"
-    assert "exists" in capsys.readouterr().err
+def test_an_unsolved_notebook_says_not_done(graded):
+    for grade_id in ("check-vector-add", "check-axpy"):
+        row = _row(graded, "unsolved", grade_id)
+        assert row["score"] == "0" and "not done" in row["reason"]
+        assert row["flags"] == ""  # a stub is no reason to review anything
 
 
-def test_a_broken_submission_does_not_stop_the_batch(tmp_path, capsys, monkeypatch):
-    good = tmp_path / "01_f.ipynb"
-    nbformat.write(_notebook("def f():\n    return 1"), good)
-    bad = tmp_path / "02_missing.ipynb"
-    nbformat.write(_notebook("x = 1"), bad)
-    shipped = tmp_path / "shipped"
-    shipped.mkdir()
-    nbformat.write(_notebook("def f():\n    raise NotImplementedError"), shipped / "01_f.ipynb")
-    monkeypatch.setattr(grader, "NOTEBOOKS", shipped)
-    monkeypatch.setattr(grader.grade, "__defaults__", (60, shipped))
-    out_csv = tmp_path / "grades.csv"
-    assert grader.main([str(bad), str(good), "--csv", str(out_csv)]) == 0
-    rows = out_csv.read_text().splitlines()
-    assert rows[1].startswith(f"{bad},,0,,not graded: FileNotFoundError")
-    assert rows[2] == f"{good},check-f,2.0,2.0,passed"
+def test_check_cells_and_lesson_come_from_the_course_not_the_submission(graded):
+    # its check cells are markdown and its metadata names lesson 02: graded as lesson 01
+    assert _row(graded, "ruined_checks", "check-vector-add")["score"] == "2"
+    assert _row(graded, "ruined_checks", "check-vector-add")["assignment"] == LESSON
+
+
+def test_a_truncated_file_scores_nothing_and_the_rest_is_graded(graded):
+    row = _row(graded, "truncated", "check-vector-add")
+    assert row["score"] == "0" and "not a readable notebook" in row["reason"]
+
+
+def test_a_planted_course_lib_is_never_imported(graded):
+    assert _row(graded, "planted", "check-axpy")["score"] == "0"
+    assert _row(graded, "planted", "check-vector-add")["score"] == "2"
+
+
+def test_submissions_are_never_written(graded):
+    assert graded["unchanged"]
+
+
+def test_summary_and_feedback_are_written(graded):
+    results = graded["results"]
+    assert (results / "scores.png").read_bytes().startswith(b"\x89PNG")
+    summary = (results / "summary.md").read_text()
+    assert f"{len(FIXTURES) + 4} learners graded" in summary
+    assert {p.stem for p in (results / "feedback").glob("*.md")} >= set(FIXTURES)
+
+
+def test_regrading_gives_the_same_grades(graded, tmp_path):
+    subs = graded["subs"]
+    again = _grade(
+        str(subs / "correct"), str(subs / "partly"), "--out", str(tmp_path / "again"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    rows = _rows(tmp_path / "again")
+    for key, row in rows.items():
+        assert row == graded["rows"][key]
+
+
+def test_results_are_never_overwritten(graded, tmp_path):
+    done = _grade(str(graded["subs"] / "correct"), "--out", str(graded["results"]), cwd=tmp_path)
+    assert done.returncode == 2 and "results" in done.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(tmp_path):
+    subs = tmp_path / "subs"
+    _submission(subs / "a_correct" / f"{LESSON}.ipynb", {})
+    _submission(subs / "b_hangs" / f"{LESSON}.ipynb", {"ex-vector-add": HANG})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_lib.grader", str(subs), "--out", str(tmp_path / "r"),
+         "--workers", "1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    grades = tmp_path / "r" / "grades.csv"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "a_correct" not in (
+        grades.read_text() if grades.exists() else ""
+    ):
+        time.sleep(0.5)
+    time.sleep(3)  # b_hangs is running now
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert _rows(tmp_path / "r")[("a_correct", "check-vector-add")]["score"] == "2"
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "b\\_hangs" in summary or "b_hangs" in summary
+    leftovers = subprocess.run(["pgrep", "-f", "course_lib.grader.child"], capture_output=True)
+    assert leftovers.stdout == b"", "a sandboxed process outlived the run"
+
+
+def test_the_lesson_is_chosen_by_the_instructor_not_the_file(tmp_path):
+    _submission(tmp_path / "alice.ipynb", {})
+    done = _grade(str(tmp_path / "alice.ipynb"), "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert done.returncode == 0
+    assert "pass --lesson" in (tmp_path / "r" / "summary.md").read_text()
+    done = _grade(
+        str(tmp_path / "alice.ipynb"), "--out", str(tmp_path / "r2"), "--lesson", LESSON,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert _rows(tmp_path / "r2")[("alice", "check-axpy")]["score"] == "1"
+
+
+def test_every_lesson_parses_and_its_solutions_pass_review():
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):  # appendices have no exercise
+        lesson = lesson_module.load_lesson(path)
+        answers = lesson_module.read_answers(lesson, SOLUTIONS / path.name)
+        assert not answers.missing and lesson.exercises
+        for exercise in lesson.exercises:
+            found = lesson_module.review(exercise, answers.sources)
+            assert (found.forbidden, found.flags) == ([], []), (path.name, exercise.grade_id)
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("def add(x, y):\n    return torch.add(x, y)", "PyTorch computes"),
+        ("def add(x, y):\n    z = x + y\n    return z", "PyTorch computes"),
+        ("import course_lib.checks.engine as e\ndef add(x, y):\n    pass", "course_lib.checks"),
+        ("def add(x, y):\n    return course_lib.kernels.vector_add.add(x, y)", "kernels"),
+    ],
+)
+def test_review_refuses_answers_that_are_not_the_learners_kernel(source, fragment):
+    exercise = lesson_module.Exercise("check-x", 1, "check_vector_add", "add", ("ex",))
+    found = lesson_module.review(exercise, {"ex": source})
+    assert any(fragment in reason for reason in found.forbidden), found
+
+
+def test_review_leaves_size_arithmetic_alone():
+    source = (
+        "@triton.jit\ndef k(x_ptr):\n    pass\n"
+        "def add(x, y):\n    n = x.numel() * 2\n    out = torch.empty(n, device=x.device)\n"
+        "    k[(triton.cdiv(n, 128),)](out)\n    return out\n"
+    )
+    exercise = lesson_module.Exercise("check-x", 1, "check_vector_add", "add", ("ex",))
+    assert lesson_module.review(exercise, {"ex": source}).forbidden == []
+
+
+def test_a_lesson_whose_check_cell_is_not_a_plain_check_is_refused(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    meta = {"nbgrader": {"grade": True, "grade_id": "check-x", "points": 1}}
+    nb.cells = [nbformat.v4.new_code_cell("import os; course_lib.check_x(f)", metadata=meta)]
+    nbformat.write(nb, tmp_path / "01_x.ipynb")
+    with pytest.raises(lesson_module.LessonError, match="course_lib.check_<topic>"):
+        lesson_module.load_lesson(tmp_path / "01_x.ipynb")
+
+
+def test_the_sandbox_gets_a_minimal_environment(monkeypatch, tmp_path):
+    from course_lib.grader import sandbox
+
+    monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
+    env = sandbox._environment(tmp_path)
+    assert "SECRET_TOKEN" not in env and env["HOME"] == str(tmp_path)
+    assert os.environ.get("PATH") == env.get("PATH")
