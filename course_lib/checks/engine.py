@@ -269,9 +269,11 @@ def _run_case(
     session = replay.active()
     if isinstance(session, replay.Replayer):
         return _replay_case(session, name, case, reference, mistakes, hints, contiguous_output)
-    result = _call_case(fn, case, reference, mistakes, hints, contiguous_output, record := {})
-    if isinstance(session, replay.Recorder):
-        session.records.append({**record, "check": name, "label": case.label})
+    recording = isinstance(session, replay.Recorder)
+    record: dict = {"check": name, "label": case.label}
+    result = _call_case(fn, case, reference, mistakes, hints, contiguous_output, record, recording)
+    if recording:
+        session.records.append(record)
     return result
 
 
@@ -296,10 +298,17 @@ def _exchange_findings(session, name: str, results: list[CaseResult]) -> None:
 
 
 def _call_case(
-    fn, case: Case, reference, mistakes, hints: Hints, contiguous_output: bool, record: dict
+    fn,
+    case: Case,
+    reference,
+    mistakes,
+    hints: Hints,
+    contiguous_output: bool,
+    record: dict,
+    keep_output: bool = False,
 ) -> CaseResult:
     """Run the learner's function on one case and diagnose what it did. `record` receives
-    what the call produced, as data (see replay.py)."""
+    what the call produced, as data, the output itself only with `keep_output` (replay.py)."""
     result = CaseResult(case.label)
     expected = (case.reference or reference)(*case.inputs)
     names = _input_names(len(case.inputs))
@@ -327,7 +336,9 @@ def _call_case(
         _explain_error(record["error"], result, hints)
         return result
     empty_grids = bool(grids) and all(0 in grid for grid in grids)
-    record.update(replay.output_record(out), launches=launches[0], empty_grids=empty_grids)
+    record.update(launches=launches[0], empty_grids=empty_grids)
+    if keep_output:
+        record.update(replay.output_record(out))
     judge = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
     judge.judge(
         out, expected, inputs, [g for _, g in guarded], arena, launches[0], contiguous_output
