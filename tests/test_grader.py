@@ -346,3 +346,33 @@ def test_the_sandbox_gets_a_minimal_environment(monkeypatch, tmp_path):
     env = sandbox._environment(tmp_path)
     assert "SECRET_TOKEN" not in env and env["HOME"] == str(tmp_path)
     assert os.environ.get("PATH") == env.get("PATH")
+
+
+def test_the_sandbox_path_keeps_the_course_and_drops_submissions_and_the_current_folder(
+    monkeypatch, tmp_path
+):
+    from course_lib.grader import sandbox
+
+    subs = tmp_path / "subs"
+    (subs / "alice").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), str(subs / "alice"), *sys.path])
+    kept = sandbox._trusted_sys_path([subs])
+    assert kept[0] == str(Path(sandbox.__file__).resolve().parents[2])
+    assert not {"", str(tmp_path), str(subs / "alice")} & set(kept)
+    assert any("site-packages" in entry for entry in kept)  # torch and triton stay reachable
+
+
+def test_a_folder_with_notebooks_is_one_learner_and_a_folder_of_folders_many(tmp_path):
+    from course_lib.grader import find_submissions
+
+    _submission(tmp_path / "one" / f"{LESSON}.ipynb", {})
+    _submission(tmp_path / "one" / "old" / f"{LESSON}.ipynb", {})  # not this learner's answer
+    _submission(tmp_path / "class" / "ada" / "week1" / f"{LESSON}.ipynb", {})
+    _submission(tmp_path / "class" / "ben" / f"{LESSON}.ipynb", {})
+    found = find_submissions([tmp_path / "one", tmp_path / "class"], {LESSON})
+    assert [(s.student_id, s.path.relative_to(tmp_path).as_posix()) for s in found] == [
+        ("one", f"one/{LESSON}.ipynb"),
+        ("ada", f"class/ada/week1/{LESSON}.ipynb"),
+        ("ben", f"class/ben/{LESSON}.ipynb"),
+    ]

@@ -61,10 +61,9 @@ class Submission:
     path: Path
 
 
-def _notebooks(folder: Path) -> list[Path]:
-    return sorted(
-        p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts and p.is_file()
-    )
+def _notebooks(folder: Path, recursive: bool = True) -> list[Path]:
+    found = folder.rglob("*.ipynb") if recursive else folder.glob("*.ipynb")
+    return sorted(p for p in found if ".ipynb_checkpoints" not in p.parts and p.is_file())
 
 
 def find_submissions(paths: list[Path], lesson_names: set[str]) -> list[Submission]:
@@ -77,7 +76,7 @@ def find_submissions(paths: list[Path], lesson_names: set[str]) -> list[Submissi
             student = path.parent.name if path.stem in lesson_names else path.stem
             found.append(Submission(student or path.stem, path))
         elif path.is_dir() and any(p.suffix == ".ipynb" for p in path.iterdir()):
-            found += [Submission(path.name, nb) for nb in _notebooks(path)]
+            found += [Submission(path.name, nb) for nb in _notebooks(path, recursive=False)]
         elif path.is_dir():
             for learner in sorted(p for p in path.iterdir() if p.is_dir()):
                 found += [Submission(learner.name, nb) for nb in _notebooks(learner)]

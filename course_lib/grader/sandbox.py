@@ -63,13 +63,13 @@ class SandboxRun:
 
 def _trusted_sys_path(submissions: list[Path]) -> list[str]:
     course_root = str(Path(__file__).resolve().parents[2])
-    banned = [p.resolve() for p in submissions] + [Path.cwd().resolve()]
+    submitted, here = [p.resolve() for p in submissions], Path.cwd().resolve()
     kept = [course_root]
     for entry in sys.path:
         if not entry or entry in kept:
             continue
         resolved = Path(entry).resolve()
-        if any(resolved == b or b in resolved.parents for b in banned):
+        if resolved == here or any(resolved == s or s in resolved.parents for s in submitted):
             continue
         kept.append(entry)
     return kept
