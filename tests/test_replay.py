@@ -8,7 +8,7 @@ import torch
 
 import course_lib
 from course_lib.checks import CheckFailed, replay
-from course_lib.checks.engine import NOT_RECORDED
+from course_lib.checks.engine import NOT_RECORDED, grading_seed
 from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
 
 
@@ -105,3 +105,26 @@ def test_the_learners_own_findings_fail_a_case_the_replay_passed():
         result = _result(course_lib.check_vector_add, _stand_in(vector_add.add))
     assert result.cases[0].problems == ["3 elements past the end were written"]
     assert all(c.passed for c in result.cases[1:])
+
+
+FINISHED = [
+    (course_lib.check_vector_add, vector_add.add),
+    (course_lib.check_relu, relu.relu),
+    (course_lib.check_add_2d, add_2d.add_2d),
+    (course_lib.check_softmax, softmax.softmax),
+    (course_lib.check_matmul, matmul.matmul),
+]
+
+
+@pytest.mark.parametrize(("check", "fn"), FINISHED, ids=[f.__name__ for _, f in FINISHED])
+def test_a_grading_seed_draws_other_values_that_a_right_kernel_passes(check, fn):
+    with replay.recording() as plain:
+        check(fn)
+    with replay.recording() as graded, grading_seed(12345):
+        check(fn)
+    assert [r["label"] for r in plain.records] == [r["label"] for r in graded.records]
+    assert not torch.equal(plain.records[-1]["output"], graded.records[-1]["output"])
+    with replay.recording() as again, grading_seed(12345):
+        check(fn)
+    for a, b in zip(graded.records, again.records):  # the same seed, the same values
+        assert torch.isclose(a["output"], b["output"], rtol=0, atol=0, equal_nan=True).all()

@@ -14,6 +14,7 @@ from course_lib.checks.engine import (
     CheckResult,
     Hints,
     KnownMistake,
+    case_generator,
     random_input,
     run_check,
 )
@@ -84,7 +85,7 @@ def tile_shapes() -> list[tuple[tuple[int, int], str]]:
 
 
 def _cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
     cases = []
     for (m, n), why in tile_shapes():
         x, y = (layouts(m, n, generator, torch.float32)["contiguous"] for _ in range(2))

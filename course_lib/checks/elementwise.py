@@ -15,6 +15,7 @@ from course_lib.checks.engine import (
     CaseResult,
     CheckResult,
     KnownMistake,
+    case_generator,
     random_input,
     run_check,
 )
@@ -33,7 +34,7 @@ LOW_PRECISION_SIZES = SIZES[2:4]
 
 
 def _cases(n_inputs: int, seed: int) -> list[Case]:
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = case_generator(seed)
     cases = []
     plan = [(n, why, torch.float32) for n, why in SIZES]
     plan += [(n, why, dt) for dt in runtime.DTYPES[1:] for n, why in LOW_PRECISION_SIZES]
@@ -121,7 +122,7 @@ FIXED_BLOCK_HINT = (
 
 def _special_values(seed: int) -> torch.Tensor:
     """NaN, ±inf and -0.0 among 1000 random values: what an activation must keep or map."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = case_generator(seed)
     x = torch.randn(1000, generator=generator) * 4
     x[::7], x[3::11], x[5::13], x[6::17] = float("nan"), float("inf"), -float("inf"), -0.0
     return x.to(runtime.DEVICE)

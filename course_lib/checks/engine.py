@@ -45,6 +45,27 @@ class Case:
     after_the_rest: bool = False
 
 
+_case_seed_offset = 0  # 0 in learners' check cells; the grader's own under grading_seed()
+
+
+def case_generator(seed: int) -> torch.Generator:
+    """The generator a check draws its cases' values from: the check's own seed, moved by
+    the grader's seed while `grading_seed` is active, so graded cases are not the ones a
+    learner's check cell showed, and are the same on every run with that seed."""
+    return torch.Generator(device="cpu").manual_seed(seed + _case_seed_offset)
+
+
+@contextlib.contextmanager
+def grading_seed(seed: int):
+    """Draw every check's values from other seeds for the duration."""
+    global _case_seed_offset
+    saved, _case_seed_offset = _case_seed_offset, 1_000_003 * seed
+    try:
+        yield
+    finally:
+        _case_seed_offset = saved
+
+
 def random_input(
     generator: torch.Generator, shape, dtype=torch.float32, scale: float = 1.0, shift: float = 0.0
 ) -> torch.Tensor:

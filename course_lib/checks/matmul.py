@@ -15,6 +15,7 @@ from course_lib.checks.engine import (
     CheckResult,
     Hints,
     KnownMistake,
+    case_generator,
     random_input,
     run_check,
 )
@@ -115,7 +116,7 @@ def _product_case(label: str, inputs: tuple, kind: str, **fields) -> Case:
 
 
 def _cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
 
     def case(m, n, k, why, dtype=torch.float32, ta=False, tb=False, kind="contiguous"):
         a, b = _operands(generator, m, n, k, dtype, ta, tb)
@@ -446,7 +447,7 @@ def _check_order(result: CaseResult, written, probe: _Launch, group_m: int, firs
 
 
 def _grouped_cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
     cases = []
 
     def case(shape, group_m, why, dtype=torch.float32, tb=False, first_programs=None):
@@ -598,7 +599,7 @@ def _epilogue_mistakes(activation: str | None, n: int, dtype: torch.dtype) -> li
 
 
 def _bias_act_cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
     cases = []
 
     def case(m, n, k, why, activation, dtype=torch.float32, ta=False, tb=False):

@@ -16,6 +16,7 @@ from course_lib.checks.engine import (
     CheckResult,
     Hints,
     KnownMistake,
+    case_generator,
     random_input,
     run_check,
 )
@@ -118,7 +119,7 @@ MISTAKES = [
 
 
 def _cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
 
     def rand(m, n, scale=3.0, dtype=torch.float32):
         return random_input(generator, (m, n), dtype, scale=scale)
@@ -260,7 +261,7 @@ LOOPED_MISTAKES = [
 def _looped_cases(seed: int) -> list[Case]:
     """The one-block cases plus rows that show each step of the online softmax, all run at
     BLOCK_SIZE=LOOP_BLOCK so that most rows take several blocks."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
     n = runtime.by_mode(gpu=12_345, interpreter=3001)
     rising = random_input(generator, (6, n), scale=0.5) + torch.linspace(0, 40, n).to(
         runtime.DEVICE
@@ -327,7 +328,7 @@ PROGRAM_COUNTS = [
 
 
 def _persistent_cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed + 1)
+    generator = case_generator(seed + 1)
     extra = [
         Case(f"{m}x{n} ({why}), float32", (random_input(generator, (m, n), scale=3.0),),
              kwargs={"n_programs": programs})

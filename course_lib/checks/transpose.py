@@ -10,7 +10,7 @@ import torch
 
 from course_lib import references, runtime
 from course_lib.checks import add_2d
-from course_lib.checks.engine import Case, CheckResult, KnownMistake, run_check
+from course_lib.checks.engine import Case, CheckResult, KnownMistake, case_generator, run_check
 
 HINTS = dataclasses.replace(
     add_2d.HINTS,
@@ -61,7 +61,7 @@ CROSSED_HINT = (
 
 
 def _cases(seed: int) -> list[Case]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = case_generator(seed)
     cases = []
     for (m, n), why in add_2d.tile_shapes():
         x = add_2d.layouts(m, n, generator, torch.float32)["contiguous"]

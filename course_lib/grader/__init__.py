@@ -2,6 +2,7 @@
 
     python -m course_lib.grader SUBMISSIONS... --out RESULTS [--lesson NAME]
                                 [--workers N] [--cell-timeout S] [--notebook-timeout S]
+                                [--seed N]
 
 SUBMISSIONS are notebooks, or folders: a folder holding notebooks is one learner's, and a
 folder of folders holds one folder per learner. Each notebook is graded against the
@@ -129,10 +130,11 @@ def _stub(signature) -> object:
 
 
 def _verdict(
-    student: str, lesson: Lesson, index: int, answers: Answers, found: Review, run
+    student: str, lesson: Lesson, index: int, answers: Answers, found: Review, run, seed: int
 ) -> ExerciseGrade:
     import course_lib
     from course_lib.checks import CheckFailed, replay
+    from course_lib.checks.engine import grading_seed
 
     exercise: Exercise = lesson.exercises[index]
     flags = tuple(found.flags + answers.notes)
@@ -161,7 +163,7 @@ def _verdict(
     if outcome.get("status") == "error" and not run.records.get(index):
         return grade(0.0, "failed", str(outcome.get("message", "the check could not run")))
     checker = getattr(course_lib, exercise.checker)
-    with _REPLAY_LOCK, replay.replaying(run.records.get(index, [])):
+    with _REPLAY_LOCK, replay.replaying(run.records.get(index, [])), grading_seed(seed):
         try:
             with contextlib.redirect_stdout(io.StringIO()):
                 result = checker(_stub(outcome.get("signature") or []))
@@ -202,7 +204,7 @@ def grade_submission(
     reviews = [review(e, answers.sources) for e in lesson.exercises]
     run = sandbox.run(lesson, answers, roots, limits, stop)
     return [
-        _verdict(submission.student_id, lesson, i, answers, reviews[i], run)
+        _verdict(submission.student_id, lesson, i, answers, reviews[i], run, limits.seed)
         for i in range(len(lesson.exercises))
     ]
 
@@ -222,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell")
     parser.add_argument("--notebook-timeout", type=float, default=1200, help="seconds each")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="draws the checks' values (keep yours to yourself)"
+    )
     args = parser.parse_args(argv)
     lesson_names = {p.stem for p in args.lessons.glob("*.ipynb")}
     try:
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    limits = sandbox.Limits(args.cell_timeout, args.notebook_timeout)
+    limits = sandbox.Limits(args.cell_timeout, args.notebook_timeout, args.seed)
     lessons: dict[Path, Lesson] = {}
     stop = threading.Event()
     not_graded: list[str] = []

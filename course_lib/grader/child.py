@@ -51,6 +51,7 @@ def main(job_dir: str) -> None:
 
     import course_lib
     from course_lib.checks import CheckFailed, ExerciseNotDone, replay
+    from course_lib.checks.engine import grading_seed
 
     checkers = {e["checker"]: getattr(course_lib, e["checker"], None) for e in job["exercises"]}
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
@@ -63,7 +64,7 @@ def main(job_dir: str) -> None:
             outcome = {"grade_id": exercise["grade_id"]}
             fn = namespace.get(exercise["function"])
             outcome["signature"] = _signature(fn) if callable(fn) else None
-            with replay.recording() as recorder:
+            with replay.recording() as recorder, grading_seed(job["seed"]):
                 try:
                     if not callable(fn):
                         raise NameError(
