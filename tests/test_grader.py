@@ -18,6 +18,7 @@ import pytest
 
 from course_lib.builder import NOTEBOOKS, SOLUTIONS
 from course_lib.grader import lesson as lesson_module
+from course_lib.grader import sandbox
 
 LESSON = "01_vector_add"
 ANSWERS = {
@@ -113,6 +114,23 @@ def graded(tmp_path_factory):
         _submission(subs / learner / f"{LESSON}.ipynb", answers)
     _submission(subs / "ruined_checks" / f"{LESSON}.ipynb", {}, _ruin_check_cells)
     _submission(subs / "renamed_cell" / f"{LESSON}.ipynb", {}, _rename_axpy_cell)
+    # reads another learner's notebook (a successful read breaks its own axpy), plants a
+    # file in the results, and leaves a process behind in a session of its own
+    other, planted = subs / "correct" / f"{LESSON}.ipynb", root / "results" / "planted.txt"
+    spy = (
+        "import pathlib, subprocess\n"
+        "subprocess.Popen(['sleep', '987654'], start_new_session=True)\n"
+        "try:\n"
+        f"    pathlib.Path({str(planted)!r}).write_text('x')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "try:\n"
+        f"    pathlib.Path({str(other)!r}).read_text()\n"
+        "    axpy = None\n"
+        "except OSError:\n"
+        "    pass\n"
+    )
+    _submission(subs / "snoop" / f"{LESSON}.ipynb", {"ex-axpy": AXPY + "\n" + spy})
     broken = subs / "truncated" / f"{LESSON}.ipynb"
     broken.parent.mkdir()
     broken.write_text((SOLUTIONS / f"{LESSON}.ipynb").read_text()[:5000])
@@ -131,7 +149,7 @@ def graded(tmp_path_factory):
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stderr[-3000:]
     after = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
-    print(f"graded {len(FIXTURES) + 4} submissions in {elapsed:.0f} s")
+    print(f"graded {len(FIXTURES) + 5} submissions in {elapsed:.0f} s")
     return {"rows": _rows(root / "results"), "results": root / "results", "run": done,
             "unchanged": before == after, "subs": subs}  # fmt: skip
 
@@ -232,11 +250,19 @@ def test_submissions_are_never_written(graded):
     assert graded["unchanged"]
 
 
+@pytest.mark.skipif(not sandbox.namespaces_work(), reason="no user namespaces here")
+def test_a_submission_cannot_see_the_others_or_the_results_or_outlive_its_run(graded):
+    assert _row(graded, "snoop", "check-axpy")["score"] == "1"  # its read failed
+    assert not (graded["results"] / "planted.txt").exists()
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 987654"], capture_output=True)
+    assert leftovers.stdout == b"", "a process the submission started outlived its run"
+
+
 def test_summary_and_feedback_are_written(graded):
     results = graded["results"]
     assert (results / "scores.png").read_bytes().startswith(b"\x89PNG")
     summary = (results / "summary.md").read_text()
-    assert f"{len(FIXTURES) + 4} learners graded" in summary
+    assert f"{len(FIXTURES) + 5} learners graded" in summary
     assert {p.stem for p in (results / "feedback").glob("*.md")} >= set(FIXTURES)
 
 
@@ -376,3 +402,21 @@ def test_a_folder_with_notebooks_is_one_learner_and_a_folder_of_folders_many(tmp
         ("ada", f"class/ada/week1/{LESSON}.ipynb"),
         ("ben", f"class/ben/{LESSON}.ipynb"),
     ]
+
+
+def test_without_namespaces_the_grader_still_grades_and_says_what_it_cannot_hide(graded, tmp_path):
+    done = _grade(
+        str(graded["subs"] / "correct"), "--out", str(tmp_path / "r"), "--no-namespaces",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "can read the other submissions" in done.stderr
+    assert _rows(tmp_path / "r")[("correct", "check-vector-add")]["score"] == "2"
+
+
+def test_only_folders_that_hold_nothing_the_sandbox_needs_are_hidden(tmp_path):
+    course, subs, results = tmp_path / "course", tmp_path / "subs", tmp_path / "subs" / "out"
+    for folder in (course, subs / "ada", results):
+        folder.mkdir(parents=True)
+    hidden = sandbox._hideable([tmp_path, subs, subs / "ada" / "x.ipynb", results], [course])
+    assert hidden == [subs.resolve()]  # tmp_path holds the course; the rest lies inside subs

@@ -2,7 +2,7 @@
 
     python -m course_lib.grader SUBMISSIONS... --out RESULTS [--lesson NAME]
                                 [--workers N] [--cell-timeout S] [--notebook-timeout S]
-                                [--seed N]
+                                [--seed N] [--no-namespaces]
 
 SUBMISSIONS are notebooks, or folders: a folder holding notebooks is one learner's, and a
 folder of folders holds one folder per learner. Each notebook is graded against the
@@ -227,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, default=1, help="draws the checks' values (keep yours to yourself)"
     )
+    parser.add_argument(
+        "--no-namespaces", action="store_true",
+        help="isolate the learner's process only, without namespaces (no hidden folders)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     lesson_names = {p.stem for p in args.lessons.glob("*.ipynb")}
     try:
@@ -235,7 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    limits = sandbox.Limits(args.cell_timeout, args.notebook_timeout, args.seed)
+    namespaces = not args.no_namespaces and sandbox.namespaces_work()
+    limits = sandbox.Limits(
+        args.cell_timeout, args.notebook_timeout, args.seed, namespaces, (args.out,)
+    )
+    if not namespaces:
+        print(
+            "note: the learner's code runs as your user and can read the other submissions "
+            "and the results"
+            + ("" if args.no_namespaces else " (this machine allows no user namespaces)"),
+            file=sys.stderr,
+        )
     lessons: dict[Path, Lesson] = {}
     stop = threading.Event()
     not_graded: list[str] = []

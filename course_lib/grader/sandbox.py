@@ -1,5 +1,11 @@
 """Run one submission's lesson in a process of its own, and bring back only data.
 
+Where the machine allows it (Linux with unprivileged user namespaces, and util-linux's
+``unshare``), the process also gets namespaces of its own: no network, its own process IDs
+(when it ends, everything it started ends too, whatever session it moved to), and a view
+of the file system in which the submissions and the results folder are empty, locked
+mounts it cannot remove. Elsewhere only the process is isolated, and the grader says so.
+
 The process (child.py) starts in a fresh temporary directory, which is also its home and
 its Triton cache, with a minimal environment and Python in isolated mode (``-I``): no
 PYTHON* variables, no user site, and not the current directory on sys.path. Its sys.path
@@ -12,6 +18,7 @@ and the rest drained. The directory is removed afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -38,6 +45,48 @@ BOOT = (
 _PASSED_ENV = ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "SYSTEMROOT")
 
 
+# an outer user namespace (root inside, to mount), with its own mounts, network and PIDs;
+# the inner one, without a user mapping, leaves the learner's code no privilege there, and
+# makes the outer mounts locked: they cannot be removed to uncover what they hide
+_UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--kill-child",
+            "--mount-proc"]  # fmt: skip
+_HIDE_THEN_RUN = (
+    'while [ "$1" != -- ]; do mount -t tmpfs -o size=4k,mode=000 none "$1" || exit 97; '
+    'shift; done; shift; unshare --user --mount "$@"'
+)  # sh stays PID 1, so the learner's process is an ordinary one that signals can reach
+HIDE_FAILED = 97
+
+
+@functools.cache
+def namespaces_work() -> bool:
+    """Whether this machine lets the grader hide folders from the learner's process."""
+    probe = Path(tempfile.mkdtemp(prefix="course-grade-probe-"))
+    try:
+        done = subprocess.run(
+            [*_UNSHARE, "sh", "-c", _HIDE_THEN_RUN, "sh", str(probe), "--", "true"],
+            capture_output=True,
+            timeout=30,
+        )
+        return done.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def _hideable(paths: list[Path], needed: list[Path]) -> list[Path]:
+    """The folders among `paths` that can be hidden: existing, and holding nothing the
+    process needs (the course, Python, its own folder)."""
+    hide = []
+    for path in paths:
+        folder = path if path.is_dir() else path.parent
+        folder = folder.resolve()
+        if folder.is_dir() and not any(n == folder or folder in n.parents for n in needed):
+            hide.append(folder)
+    # a folder inside another hidden one is hidden with it (and cannot be mounted on)
+    return sorted({h for h in hide if not any(o in h.parents for o in hide)})
+
+
 class Stopped(Exception):
     """The run was stopped (Ctrl-C) while this submission was running."""
 
@@ -47,6 +96,8 @@ class Limits:
     cell_s: float = 300.0
     notebook_s: float = 1200.0
     seed: int = 1  # moves every check's cases off the ones learners' check cells show
+    namespaces: bool = True  # where the machine allows them (namespaces_work())
+    hidden: tuple[Path, ...] = ()  # folders the learner's process must not see
 
 
 @dataclass
@@ -152,10 +203,16 @@ def run(
     job_dir = Path(tempfile.mkdtemp(prefix="course-grade-"))
     result = SandboxRun()
     try:
-        job = _job(lesson, answers, _trusted_sys_path(submissions), limits.seed)
+        sys_path = _trusted_sys_path(submissions)
+        job = _job(lesson, answers, sys_path, limits.seed)
         (job_dir / "job.json").write_text(json.dumps(job))
+        command = [sys.executable, "-I", "-c", BOOT, str(job_dir)]
+        if limits.namespaces and namespaces_work():
+            needed = [Path(p).resolve() for p in (*sys_path, sys.prefix, sys.executable)]
+            hide = _hideable([*submissions, *limits.hidden], [*needed, job_dir.resolve()])
+            command = [*_UNSHARE, "sh", "-c", _HIDE_THEN_RUN, "sh", *map(str, hide), "--", *command]
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", BOOT, str(job_dir)],
+            command,
             cwd=job_dir,
             env=_environment(job_dir),
             stdin=subprocess.DEVNULL,
@@ -184,11 +241,19 @@ def run(
             proc.wait()
             reader.join(timeout=5)
         running, _, result.cells = _progress(job_dir / "progress.jsonl")
+        if proc.returncode == HIDE_FAILED and not result.cells and not result.ended:
+            result.ended = "the sandbox could not hide the submissions from it"
         if running is not None:
             result.stopped_at = running
             if not result.ended:
+                # under namespaces a shell reports the learner's process: 128 + the signal
                 code = proc.returncode
-                result.ended = f"the process died (signal {-code})" if code < 0 else "it exited"
+                signal_number = -code if code < 0 else code - 128 if code > 128 else 0
+                result.ended = (
+                    f"the process died (signal {signal_number})"
+                    if signal_number
+                    else f"it exited (status {code})"
+                )
         result.output = kept.decode("utf-8", "replace")
         for index in range(len(lesson.exercises)):
             _collect(job_dir, index, result)
