@@ -1117,3 +1117,23 @@ def test_a_learners_own_not_implemented_error_is_a_finding():
 
     report = _failure(course_lib.check_vector_add, launcher)
     assert "your function raised NotImplementedError" in report
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "kinds"),
+    [
+        (course_lib.check_vector_add, broken.add_grid_floor, {"unwritten"}),
+        (course_lib.check_vector_add, broken.add_wrong_op, {"values"}),
+        (course_lib.check_vector_add, broken.add_returns_input, {"returned"}),
+        (course_lib.check_vector_add, broken.add_wrong_dtype, {"layout"}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    result = info.value.result
+    assert result.kinds == kinds
+    for case in result.cases:
+        assert all(isinstance(p, str) for p in case.problems)  # still text for people
+        assert case.kinds == [p.kind for p in case.problems]

@@ -7,7 +7,13 @@ from course_lib.checks.elementwise import (
     check_relu,
     check_vector_add,
 )
-from course_lib.checks.engine import CheckFailed, CheckResult, ExerciseNotDone
+from course_lib.checks.engine import (
+    PROBLEM_KINDS,
+    CheckFailed,
+    CheckResult,
+    ExerciseNotDone,
+    Problem,
+)
 from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
 from course_lib.checks.softmax import (
     check_softmax,
@@ -17,9 +23,11 @@ from course_lib.checks.softmax import (
 from course_lib.checks.transpose import check_transpose
 
 __all__ = [
+    "PROBLEM_KINDS",
     "CheckFailed",
     "CheckResult",
     "ExerciseNotDone",
+    "Problem",
     "check_add_2d",
     "check_axpy",
     "check_leaky_relu",

@@ -160,6 +160,41 @@ class Hints:
     )
 
 
+PROBLEM_KINDS = (
+    "not_run",  # the case did not run, or left no result
+    "raised",  # the learner's code raised
+    "out_of_bounds",  # a load or store outside every tensor, or a lost CUDA context
+    "no_launch",  # no Triton kernel was launched
+    "returned",  # not the output tensor: None, another type, an input, a view
+    "layout",  # wrong shape, device, dtype or strides
+    "input_modified",
+    "stray_write",  # writes into the memory around the output or the inputs
+    "unwritten",  # elements of the output never written
+    "values",  # elements written with wrong values
+    "stray_read",  # loads outside the inputs that happened to be harmless
+    "mistake",  # a check's own finding (a launch order, a missing autotuner, ...)
+)
+
+
+class Problem(str):
+    """One finding about a case: its text for people, and its `kind` (one of PROBLEM_KINDS)
+    for programs, such as the grader, which must not read English."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str = "mistake") -> Problem:
+        if kind not in PROBLEM_KINDS:
+            raise ValueError(f"unknown problem kind {kind!r}; use one of {PROBLEM_KINDS}")
+        problem = super().__new__(cls, text)
+        problem.kind = kind
+        return problem
+
+
+def kind_of(problem: str) -> str:
+    """A problem's kind; a plain string (a check's own finding) is a "mistake"."""
+    return getattr(problem, "kind", "mistake")
+
+
 @dataclass
 class CaseResult:
     label: str
@@ -173,6 +208,11 @@ class CaseResult:
     @property
     def passed(self) -> bool:
         return not self.problems
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kind of each problem, in order (see PROBLEM_KINDS)."""
+        return [kind_of(p) for p in self.problems]
 
     def lines(self) -> list[str]:
         if self.passed:
@@ -194,6 +234,11 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.cases)
+
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of problem found across the cases (see PROBLEM_KINDS); empty if passed."""
+        return {kind for case in self.cases for kind in case.kinds}
 
     @property
     def headline(self) -> str:
@@ -256,10 +301,12 @@ def run_check(
     for case in cases:
         if results and results[-1].problems[:1] == [CONTEXT_LOST]:
             # after an illegal memory access every CUDA call fails: run nothing more
-            results.append(CaseResult(case.label, ["not run: the CUDA context is lost"]))
+            results.append(
+                CaseResult(case.label, [Problem("not run: the CUDA context is lost", "not_run")])
+            )
             continue
         if case.after_the_rest and not all(r.passed for r in results):
-            results.append(CaseResult(case.label, [NOT_RUN_YET]))
+            results.append(CaseResult(case.label, [Problem(NOT_RUN_YET, "not_run")]))
             continue
         results.append(_run_case(name, fn, case, reference, mistakes, hints, contiguous_output))
     if refine is not None:
@@ -308,13 +355,19 @@ def _exchange_findings(session, name: str, results: list[CaseResult]) -> None:
     if isinstance(session, replay.Recorder):
         for record in session.records:
             if record["check"] == name and (found := by_label.get(record["label"])):
-                record.update(problems=list(found.problems), hint=found.hint)
+                record.update(problems=[str(p) for p in found.problems], hint=found.hint)
+                record["kinds"] = found.kinds
     elif isinstance(session, replay.Replayer):
         for record in session.taken(name):
             found = by_label.get(record.get("label"))
             problems = record.get("problems")
             if found and found.passed and isinstance(problems, list) and problems:
-                found.problems = [_short(p) for p in problems[:5]]
+                kinds = record.get("kinds")
+                kinds = kinds if isinstance(kinds, list) else []
+                found.problems = [
+                    Problem(_short(p), k if k in PROBLEM_KINDS else "mistake")
+                    for p, k in zip(problems[:5], [*kinds, *["mistake"] * 5])
+                ]
                 found.hint = _short(record.get("hint")) or None
 
 
@@ -366,9 +419,10 @@ def _call_case(
     )
     stray_reads = sum(n for (kind, _), n in stray_accesses.items() if kind == "load")
     if stray_reads and result.passed:
-        result.problems.append(
-            f"{stray_reads} loads read outside the inputs (unmasked tl.load past the end)"
-        )
+        result.problems.append(Problem(
+            f"{stray_reads} loads read outside the inputs (unmasked tl.load past the end)",
+            "stray_read",
+        ))  # fmt: skip
         result.hint = hints.unmasked_load
     return result
 
@@ -385,7 +439,7 @@ def _replay_case(
     result = CaseResult(case.label)
     record = session.take(name, case.label)
     if record is None:
-        result.problems.append(NOT_RECORDED)
+        result.problems.append(Problem(NOT_RECORDED, "not_run"))
         return result
     try:
         if isinstance(error := record.get("error"), dict):
@@ -400,7 +454,9 @@ def _replay_case(
         out = replay.replayed_output(record, expected, arena)
         launches, empty_grids = int(record["launches"]), bool(record.get("empty_grids"))
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        result.problems.append(f"the submission's record of this case is unusable: {error}"[:300])
+        result.problems.append(
+            Problem(f"the submission's record of this case is unusable: {error}"[:300], "not_run")
+        )
         return result
     judge = _Diagnosis(result, hints, case, [*case.mistakes, *mistakes], empty_grids)
     judge.judge(out, expected, inputs, [g for _, g in guarded], arena, launches, contiguous_output)
@@ -431,12 +487,12 @@ def _describe_exception(error: BaseException) -> dict:
 
 def _explain_error(error: dict, result: CaseResult, hints: Hints) -> None:
     if (oob := error.get("out_of_bounds")) is not None:
-        result.problems.append(f"out-of-bounds access stopped: {oob}")
+        result.problems.append(Problem(f"out-of-bounds access stopped: {oob}", "out_of_bounds"))
         loaded = str(oob).startswith("tl.load")
         result.hint = (loaded and hints.load_out_of_bounds) or hints.out_of_bounds
         return
     if error.get("context_lost"):
-        result.problems.append(CONTEXT_LOST)
+        result.problems.append(Problem(CONTEXT_LOST, "out_of_bounds"))
         result.hint = (
             "your kernel reached memory far outside its tensors (a wrong stride or offset), "
             "and the CUDA context is now unusable: restart the Jupyter kernel, then debug "
@@ -444,11 +500,10 @@ def _explain_error(error: dict, result: CaseResult, hints: Hints) -> None:
             "mistake stops with an error naming the argument"
         )
         return
-    result.problems.append(
-        f"your function raised {error.get('type')}: {error.get('last_line', '')}"[:400]
-    )
+    raised = f"your function raised {error.get('type')}: {error.get('last_line', '')}"[:400]
+    result.problems.append(Problem(raised, "raised"))
     if error.get("where"):
-        result.problems.append(f"at {error['where']}"[:400])
+        result.problems.append(Problem(f"at {error['where']}"[:400], "raised"))
     result.hint = "read the error above: it happened inside your launcher or kernel"
 
 
@@ -501,8 +556,8 @@ class _Diagnosis:
     mistakes: Sequence[KnownMistake]
     empty_grids: bool = False  # every launch asked for a grid with 0 programs on some axis
 
-    def problem(self, text: str, hint: str | None = None) -> None:
-        self.result.problems.append(text)
+    def problem(self, text: str, hint: str | None = None, kind: str = "mistake") -> None:
+        self.result.problems.append(Problem(text, kind))
         if hint is not None and self.result.hint is None:
             self.result.hint = hint
 
@@ -511,12 +566,13 @@ class _Diagnosis:
     ) -> None:
         """Everything a case's call left behind: launches, output, inputs, memory."""
         if launches == 0:
-            self.problem("your function launched no Triton kernel", NO_LAUNCH_HINT)
+            self.problem("your function launched no Triton kernel", NO_LAUNCH_HINT, "no_launch")
         self.run(out, expected, inputs, input_buffers, arena)
         if contiguous and isinstance(out, torch.Tensor) and not out.is_contiguous():
             self.problem(
                 f"the output is not contiguous (strides {list(out.stride())})",
                 self.hints.not_contiguous,
+                "layout",
             )
 
     def run(self, out, expected, inputs, input_buffers, arena: GuardedArena) -> None:
@@ -528,6 +584,7 @@ class _Diagnosis:
                 self.problem(
                     f"input `{name}` was modified",
                     "tl.store must write only to the output's pointer, never to an input's",
+                    "input_modified",
                 )
         self._stray_writes(arena.buffers + input_buffers)
         # an output the arena did not serve (say, x.clone()) cannot show unwritten elements
@@ -541,11 +598,13 @@ class _Diagnosis:
             self.problem(
                 "your function returned None",
                 "return the output tensor at the end of your launcher",
+                "returned",
             )
         elif not isinstance(out, torch.Tensor):
             self.problem(
                 f"your function returned a {type(out).__name__}, not a tensor",
                 "return the output tensor itself",
+                "returned",
             )
         elif owner := next(
             (
@@ -561,7 +620,8 @@ class _Diagnosis:
             self.problem(
                 f"the result is the input `{name}` itself"
                 if same
-                else f"the result is a view of the input `{name}`: its memory, not a copy"
+                else f"the result is a view of the input `{name}`: its memory, not a copy",
+                kind="returned",
             )
             # more telling than "launched no kernel": a view launches nothing
             self.result.hint = self.hints.returned_input
@@ -569,14 +629,18 @@ class _Diagnosis:
             self.problem(
                 f"output shape {list(out.shape)}, expected {list(expected.shape)}",
                 f"allocate the output with shape {list(expected.shape)}",
+                "layout",
             )
         elif out.device != expected.device:
             self.problem(
                 f"output on {out.device}, expected {expected.device}",
                 "allocate the output on the inputs' device (device=x.device)",
+                "layout",
             )
         elif out.dtype != expected.dtype:
-            self.problem(f"output dtype {out.dtype}, expected {expected.dtype}", self.hints.dtype)
+            self.problem(
+                f"output dtype {out.dtype}, expected {expected.dtype}", self.hints.dtype, "layout"
+            )
         else:
             return True
         return False
@@ -590,10 +654,13 @@ class _Diagnosis:
             self.problem(
                 f"{after} elements past the end were written (out-of-bounds store)",
                 self.hints.out_of_bounds,
+                "stray_write",
             )
         if before:
             self.problem(
-                f"{before} elements before the start were written", self.hints.before_start
+                f"{before} elements before the start were written",
+                self.hints.before_start,
+                "stray_write",
             )
 
     def _unwritten(self, unwritten: torch.Tensor) -> None:
@@ -601,10 +668,10 @@ class _Diagnosis:
         if count == 0:
             return
         if count == n and self.empty_grids:
-            self.problem(f"0 of {n} elements written", self.hints.empty_grid)
+            self.problem(f"0 of {n} elements written", self.hints.empty_grid, "unwritten")
             return
         if count == n:
-            self.problem(f"0 of {n} elements written", self.hints.nothing_written)
+            self.problem(f"0 of {n} elements written", self.hints.nothing_written, "unwritten")
             return
         if unwritten.dim() == 2 and self._unwritten_edges(unwritten):
             return
@@ -614,9 +681,11 @@ class _Diagnosis:
             self.problem(f"only the first {first} of {n} elements written", _prefix_hint(
                 first, n, self.hints.grid_too_small, self.hints.stops_short,
                 self.hints.unscaled_offsets,
-            ))  # fmt: skip
+            ), "unwritten")  # fmt: skip
         else:
-            self.problem(f"{count} of {n} elements never written", self.hints.scattered)
+            self.problem(
+                f"{count} of {n} elements never written", self.hints.scattered, "unwritten"
+            )
 
     def _unwritten_edges(self, unwritten: torch.Tensor) -> bool:
         """Whole trailing rows and/or columns unwritten: a grid that stops short."""
@@ -640,12 +709,17 @@ class _Diagnosis:
                 f"rows {first_row}.. and columns {first_col}.. never written "
                 f"(of {n_rows} x {n_cols})",
                 both,
+                "unwritten",
             )
         elif first_row < n_rows:
-            self.problem(f"only the first {first_row} of {n_rows} rows written", rows_hint)
+            self.problem(
+                f"only the first {first_row} of {n_rows} rows written", rows_hint, "unwritten"
+            )
         else:
             self.problem(
-                f"only the first {first_col} of {n_cols} columns written in every row", cols_hint
+                f"only the first {first_col} of {n_cols} columns written in every row",
+                cols_hint,
+                "unwritten",
             )
         return True
 
@@ -667,7 +741,8 @@ class _Diagnosis:
         got_v, exp_v = out.reshape(-1)[worst].item(), expected.reshape(-1)[worst].item()
         self.problem(
             f"{n_wrong} of {out.numel()} elements wrong; worst at {index}: got {got_v:.6g}, "
-            f"expected {exp_v:.6g} (rtol={rtol:g}, atol={atol:.3g})"
+            f"expected {exp_v:.6g} (rtol={rtol:g}, atol={atol:.3g})",
+            kind="values",
         )
         written = ~unwritten & exp64.isfinite()
         difference = (got64 - exp64)[written].nan_to_num(float("inf")).norm()
