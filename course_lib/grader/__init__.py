@@ -137,9 +137,8 @@ def _verdict(
     from course_lib.checks.engine import grading_seed
 
     exercise: Exercise = lesson.exercises[index]
-    flags = tuple(found.flags + answers.notes)
 
-    def grade(score, status, reason, report=""):  # reads `flags` when called
+    def grade(score, status, reason, report="", flags=tuple(found.flags + answers.notes)):
         return ExerciseGrade(
             student, lesson.name, exercise.grade_id, score, exercise.points, status,
             safe_text(reason), safe_text(report, limit=20_000), flags,
@@ -157,9 +156,8 @@ def _verdict(
         where = f" at cell {run.stopped_at}" if run.stopped_at is not None else ""
         why = run.ended or "the check never ran"
         return grade(0.0, "failed", f"not checked: {why}{where}", run.output[-2000:])
-    if outcome.get("status") == "not done":
-        flags = ()  # a stub is no reason to review anything
-        return grade(0.0, "failed", "not done: the answer still raises ExerciseNotDone")
+    if outcome.get("status") == "not done":  # a stub is no reason to review anything
+        return grade(0.0, "failed", "not done: the answer still raises ExerciseNotDone", flags=())
     if outcome.get("status") == "error" and not run.records.get(index):
         return grade(0.0, "failed", str(outcome.get("message", "the check could not run")))
     checker = getattr(course_lib, exercise.checker)
