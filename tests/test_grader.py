@@ -60,6 +60,7 @@ FIXTURES = {
     "loud": {"ex-axpy": LOUD},
     "unsolved": STUBS,
     "undefined": {"ex-vector-add": "BLOCK_SIZE = 1024\n", "ex-axpy": AXPY},
+    "raises": {"ex-vector-add": "raise RuntimeError('stopped early')\n" + ADD},
 }
 
 
@@ -206,6 +207,12 @@ def test_patching_the_checker_earns_nothing(graded):
         ("syntax_error", "check-vector-add", "does not parse", "check-axpy"),
         ("undefined", "check-vector-add", "add is not defined", "check-axpy"),
         (
+            "raises",
+            "check-vector-add",
+            "add is not defined: its cell raised RuntimeError: stopped early",
+            "check-axpy",
+        ),
+        (
             "renamed_cell",
             "check-axpy",
             "answer cell ex-axpy is not in the notebook",
@@ -217,6 +224,18 @@ def test_a_broken_answer_costs_only_its_own_exercise(graded, learner, lost, reas
     row = _row(graded, learner, lost)
     assert row["score"] == "0" and reason in row["reason"], row
     assert _row(graded, learner, kept)["status"] == "passed"
+
+
+def test_a_compiled_kernel_defined_in_a_cell_finds_its_source():
+    """@triton.jit reads its source through inspect, which code run from a string lacks."""
+    import triton
+
+    from course_lib.grader.child import run_cell
+
+    namespace = {}
+    run_cell("import triton\ndef double(x_ptr):\n    pass\n", 7, namespace)
+    compiled = triton.runtime.jit.JITFunction(namespace["double"])  # as on a GPU
+    assert "def double(x_ptr)" in compiled.src
 
 
 def test_gigantic_output_is_capped_and_grading_goes_on(graded):

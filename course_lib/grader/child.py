@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import json
+import linecache
 import os
 import sys
 import time
@@ -41,6 +42,18 @@ def _error_line(error: BaseException) -> str:
     return "".join(lines).strip().splitlines()[-1][:500] if lines else type(error).__name__
 
 
+def run_cell(source: str, index: int, namespace: dict) -> None:
+    """Run one cell's code, its source kept where `inspect` finds it, as Jupyter's kernel does.
+
+    A compiled `@triton.jit` function reads its own source through `inspect`: code compiled
+    from a bare string has none, and the decorator refuses it.
+    """
+    filename = f"<cell {index}>"
+    # an entry without a modification time is never dropped by linecache.checkcache
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
 def main(job_dir: str) -> None:
     job_path = Path(job_dir)
     job = json.loads((job_path / "job.json").read_text())
@@ -56,6 +69,7 @@ def main(job_dir: str) -> None:
     checkers = {e["checker"]: getattr(course_lib, e["checker"], None) for e in job["exercises"]}
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     exercise_index = 0
+    errors: dict[str, str] = {}  # function name -> the error of the cell meant to define it
     for index, cell in enumerate(job["cells"]):
         _write_json_line(progress, {"cell": index, "event": "start", "time": time.time()})
         status = "ok"
@@ -67,9 +81,10 @@ def main(job_dir: str) -> None:
             with replay.recording() as recorder, grading_seed(job["seed"]):
                 try:
                     if not callable(fn):
+                        raised = errors.get(exercise["function"])
                         raise NameError(
-                            f"{exercise['function']} is not defined: did its cell run without "
-                            "an error?"
+                            f"{exercise['function']} is not defined: "
+                            + (f"its cell raised {raised}" if raised else "did its cell run?")
                         )
                     checkers[exercise["checker"]](fn)
                     outcome["status"] = "passed"
@@ -85,9 +100,12 @@ def main(job_dir: str) -> None:
             status = outcome["status"]
         else:
             try:
-                exec(compile(cell["source"], f"<cell {index}>", "exec"), namespace)
+                run_cell(cell["source"], index, namespace)
             except BaseException as error:  # noqa: BLE001
                 status = "error: " + _error_line(error)
+                for exercise in job["exercises"]:
+                    if f"def {exercise['function']}(" in cell["source"]:
+                        errors[exercise["function"]] = _error_line(error)
         _write_json_line(progress, {"cell": index, "event": "end", "status": status[:500]})
     sys.stdout.flush()
     os._exit(0)  # threads the learner started must not keep this process alive
