@@ -121,3 +121,38 @@ def matmul_bias_act(
     (M·K + K·N + N + M·N) elements; a separate bias and activation would move 4·M·N more."""
     exact = torch.matmul(a.double(), b.double()) + bias.double()
     return activation(exact, activation_name).to(a.dtype)
+
+
+def conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+) -> torch.Tensor:
+    """torch.nn.functional.conv2d of x [B, C, H, W] with weight [O, C, kh, kw] (and bias [O]),
+    computed in float64 and rounded once to x's dtype, in x's memory format.
+
+    Reads at least B·C·H·W + O·C·kh·kw elements and writes B·O·OH·OW; costs
+    2·B·O·OH·OW·C·kh·kw floating-point operations (conv2d_flops).
+    """
+    exact = torch.nn.functional.conv2d(
+        x.double(),
+        weight.double(),
+        None if bias is None else bias.double(),
+        stride,
+        padding,
+        dilation,
+    )
+    memory_format = (
+        torch.channels_last
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        else torch.contiguous_format
+    )
+    return exact.to(x.dtype).contiguous(memory_format=memory_format)
+
+
+def conv2d_flops(batch: int, out_channels: int, out_h: int, out_w: int, in_channels: int,
+                 kh: int, kw: int) -> int:  # fmt: skip
+    return 2 * batch * out_channels * out_h * out_w * in_channels * kh * kw

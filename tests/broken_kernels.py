@@ -1088,3 +1088,178 @@ def softmax_persistent_no_loop(x, n_programs=None):
 
 def softmax_persistent_loop_from_zero(x, n_programs=None):
     return _softmax_persistent(x, n_programs, from_zero=True)
+
+
+# --- lesson 06: conv2d --------------------------------------------------------------------
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@triton.jit
+def conv2d_variant_kernel(
+    x_ptr, w_ptr, out_ptr, B, C, H, W, O, OH, OW,
+    sxb, sxc, sxh, sxw, swo, swc, swr, sws, sob, soc, soh, sow,
+    SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    MASK_PADDING: tl.constexpr, FLIP: tl.constexpr, WHOLE_C_TILES: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    b, oh, ow = offs_m // (OH * OW), (offs_m // OW) % OH, offs_m % OW
+    m_ok, n_ok = offs_m < B * OH * OW, offs_n < O
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_end = C
+    if WHOLE_C_TILES:  # mistake: the channels past the last full tile are dropped
+        c_end = C // BLOCK_K * BLOCK_K
+    for r in range(KH):
+        for s in range(KW):
+            ih = oh * SH - PH + r * DH
+            iw = ow * SW - PW + s * DW
+            pixel_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            if not MASK_PADDING:  # mistake: taps in the padding are read
+                pixel_ok = m_ok
+            wr, ws = r, s
+            if FLIP:  # mistake: a textbook convolution's flipped filter
+                wr, ws = KH - 1 - r, KW - 1 - s
+            for c0 in range(0, c_end, BLOCK_K):
+                c = c0 + offs_k
+                x_ptrs = (x_ptr + b[:, None] * sxb + c[None, :] * sxc + ih[:, None] * sxh
+                          + iw[:, None] * sxw)  # fmt: skip
+                x_tile = tl.load(x_ptrs, mask=pixel_ok[:, None] & (c[None, :] < C), other=0.0)
+                w_ptrs = w_ptr + offs_n[None, :] * swo + c[:, None] * swc + wr * swr + ws * sws
+                w_tile = tl.load(w_ptrs, mask=(c[:, None] < C) & n_ok[None, :], other=0.0)
+                acc = tl.dot(x_tile, w_tile, acc)
+    out_ptrs = (out_ptr + b[:, None] * sob + offs_n[None, :] * soc + oh[:, None] * soh
+                + ow[:, None] * sow)  # fmt: skip
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, flip=False,
+            whole_c_tiles=False, size_without=None, window_without=None, x_strides="right",
+            w_strides="right", out_hw_swapped=False, block_k=16):  # fmt: skip
+    (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    plain = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
+    in_size = {"stride": stride, "padding": padding, "dilation": dilation}
+    if size_without:  # mistake: the output size leaves one parameter out
+        in_size[size_without] = plain[size_without]
+    (SH, SW), (PH, PW), (DH, DW) = in_size["stride"], in_size["padding"], in_size["dilation"]
+    OH = (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1
+    OW = (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1
+    out = torch.empty((B, O, OW, OH) if out_hw_swapped else (B, O, OH, OW), dtype=x.dtype,
+                      device=x.device)  # fmt: skip
+    in_window = {"stride": stride, "padding": padding, "dilation": dilation}
+    if window_without:  # mistake: the window leaves one parameter out
+        in_window[window_without] = plain[window_without]
+    sx = {
+        "right": x.stride(),
+        "nchw": torch.empty(x.shape).stride(),  # mistake: x read as NCHW-contiguous
+        "hw_swapped": (x.stride(0), x.stride(1), x.stride(3), x.stride(2)),
+    }[x_strides]
+    sw = {
+        "right": weight.stride(),
+        "oc_swapped": (weight.stride(1), weight.stride(0), *weight.stride()[2:]),
+        "rs_swapped": (*weight.stride()[:2], weight.stride(3), weight.stride(2)),
+    }[w_strides]
+    grid = (triton.cdiv(B * OH * OW, 32), triton.cdiv(O, 32))
+    conv2d_variant_kernel[grid](
+        x, weight, out, B, C, H, W, O, OH, OW, *sx, *sw, *out.stride(),
+        *in_window["stride"], *in_window["padding"], *in_window["dilation"], KH=KH, KW=KW,
+        BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k,
+        MASK_PADDING=mask_padding, FLIP=flip, WHOLE_C_TILES=whole_c_tiles,
+    )  # fmt: skip
+    return out
+
+
+def conv2d(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation)
+
+
+def conv2d_padding_not_masked(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, mask_padding=False)
+
+
+def conv2d_flipped_filter(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, flip=True)
+
+
+def conv2d_drops_last_channel_tile(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, whole_c_tiles=True)
+
+
+def conv2d_size_without_stride(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, size_without="stride")
+
+
+def conv2d_size_without_padding(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, size_without="padding")
+
+
+def conv2d_size_without_dilation(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, size_without="dilation")
+
+
+def conv2d_window_without_stride(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, window_without="stride")
+
+
+def conv2d_window_without_dilation(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, window_without="dilation")
+
+
+def conv2d_strides_ignored(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, x_strides="nchw")
+
+
+def conv2d_x_hw_strides_swapped(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, x_strides="hw_swapped")
+
+
+def conv2d_output_hw_swapped(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, out_hw_swapped=True)
+
+
+def conv2d_weight_oc_swapped(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, w_strides="oc_swapped")
+
+
+def conv2d_weight_rs_swapped(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, w_strides="rs_swapped")
+
+
+@triton.jit
+def conv2d_one_output_kernel(
+    x_ptr, w_ptr, out_ptr, C, H, W, O, KH, KW, SH, SW, PH, PW, OH, OW,
+):  # fmt: skip
+    # the source guide's structure: one program per output element, flat NCHW addresses
+    # (the tensors' strides never asked), the padding tested with a Python if
+    pid = tl.program_id(0)
+    b = pid // (O * OH * OW)
+    o = (pid // (OH * OW)) % O
+    oh = (pid // OW) % OH
+    ow = pid % OW
+    acc = 0.0
+    for c in range(C):
+        for r in range(KH):
+            for s in range(KW):
+                ih = oh * SH - PH + r
+                iw = ow * SW - PW + s
+                if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                    x = tl.load(x_ptr + ((b * C + c) * H + ih) * W + iw)
+                    w = tl.load(w_ptr + ((o * C + c) * KH + r) * KW + s)
+                    acc += x.to(tl.float32) * w.to(tl.float32)
+    tl.store(out_ptr + ((b * O + o) * OH + oh) * OW + ow, acc)
+
+
+def conv2d_one_program_per_output(x, weight, stride=1, padding=0):
+    (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
+    (SH, SW), (PH, PW) = _pair(stride), _pair(padding)
+    OH, OW = (H + 2 * PH - KH) // SH + 1, (W + 2 * PW - KW) // SW + 1
+    out = torch.empty((B, O, OH, OW), dtype=x.dtype, device=x.device)
+    conv2d_one_output_kernel[(B * O * OH * OW,)](
+        x, weight, out, C, H, W, O, KH, KW, SH, SW, PH, PW, OH, OW
+    )
+    return out

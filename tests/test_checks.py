@@ -13,7 +13,7 @@ from course_lib.checks import transpose as transpose_check
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.guard import GuardedArena, guarded_copy, is_poison, poison_
 from course_lib.checks.tolerances import TOLERANCES
-from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import add_2d, conv2d, matmul, relu, softmax, vector_add
 
 
 def _failure(check, fn) -> str:
@@ -29,6 +29,7 @@ FINISHED = [
     (course_lib.check_add_2d, add_2d.add_2d),
     (course_lib.check_softmax, softmax.softmax),
     (course_lib.check_matmul, matmul.matmul),
+    (course_lib.check_conv2d, conv2d.conv2d),
 ]
 
 
@@ -1137,3 +1138,110 @@ def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
     for case in result.cases:
         assert all(isinstance(p, str) for p in case.problems)  # still text for people
         assert case.kinds == [p.kind for p in case.problems]
+
+
+# --- lesson 06 ----------------------------------------------------------------------------
+
+from course_lib.checks import conv2d as conv2d_checks  # noqa: E402
+
+# the hints that name a mistake, by family: a report may show its own family's, no other
+CONV2D_FAMILIES = {
+    "padding": ["taps in the padding read", "NaN where the reference is finite",
+                "a load of x or the weight reached outside it"],
+    "flip": ["flips the filter"],
+    "channels": ["channels past the last full channel tile", "no channel was summed",
+                 "the last, partial step of the reduction"],
+    "size": ["its size leaves out", "the output is [B, O, OH, OW]"],
+    "stride": ["ignores the stride"],
+    "dilation": ["ignores the dilation"],
+    "strides": ["as if it were NCHW-contiguous"],
+    "hw": ["H and W are swapped"],
+    "oc": ["read as [C, O, kh, kw]"],
+    "rs": ["rows and columns are swapped"],
+}  # fmt: skip
+CONV2D_MISTAKES = [
+    # broken launcher, a case it fails, the hint under that case, the families it may show
+    (broken.conv2d_padding_not_masked, "odd image, padding 1", "mask the taps that fall into "
+     "the padding: (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)", {"padding"}),
+    (broken.conv2d_flipped_filter, "odd image, padding 1", "flips the filter", {"flip"}),
+    (broken.conv2d_drops_last_channel_tile, "C and O past a tile",
+     "with C = 37 and BLOCK_K = 16, your loop stops at channel 32", {"channels"}),
+    (broken.conv2d_drops_last_channel_tile, "a single output pixel",
+     "no channel was summed: C = 3", {"channels"}),
+    (broken.conv2d_size_without_stride, "stride 2, padding (2, 1)",
+     "its size leaves out the stride", {"size"}),
+    (broken.conv2d_size_without_padding, "odd image, padding 1",
+     "its size leaves out the padding", {"size"}),
+    (broken.conv2d_size_without_dilation, "dilation 2", "its size leaves out the dilation",
+     {"size"}),
+    (broken.conv2d_window_without_stride, "stride 2, padding (2, 1)",
+     "your kernel ignores the stride", {"stride"}),
+    (broken.conv2d_window_without_dilation, "dilation 2", "your kernel ignores the dilation",
+     {"dilation"}),
+    (broken.conv2d_strides_ignored, "channels-last", "as if it were NCHW-contiguous",
+     {"strides"}),
+    (broken.conv2d_x_hw_strides_swapped, "square image, C = O", "H and W are swapped",
+     {"hw"}),
+    (broken.conv2d_output_hw_swapped, "odd image, padding 1", "H and W are swapped", {"hw"}),
+    (broken.conv2d_weight_oc_swapped, "square image, C = O", "read as [C, O, kh, kw]",
+     {"oc"}),
+    (broken.conv2d_weight_rs_swapped, "square image, C = O", "rows and columns are swapped",
+     {"rs"}),
+]  # fmt: skip
+
+
+@functools.cache
+def _conv2d_failure(fn) -> str:
+    """The report of a failing conv2d check, run once for all the tests that read it."""
+    return _failure(course_lib.check_conv2d, fn)
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "families"),
+    CONV2D_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(CONV2D_MISTAKES)],
+)
+def test_conv2d_check_names_the_mistake_and_no_other(fn, case, hint, families):
+    report = _conv2d_failure(fn)
+    # the hint under that case's line, not another case's
+    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
+    assert re.search(case_then_hint, report), report
+    hints = re.findall(r"hint: (.*)", report)
+    for family, texts in CONV2D_FAMILIES.items():
+        if family not in families:
+            assert not any(t in h for h in hints for t in texts), (family, report)
+
+
+def test_conv2d_check_passes_a_right_kernel_and_covers_the_awkward_cases(capsys):
+    result = course_lib.check_conv2d(broken.conv2d)
+    assert capsys.readouterr().out == "✓ conv2d: every case passed\n"
+    labels = " | ".join(c.label for c in result.cases)
+    for needed in ("1x1 kernel", "3, 3]", "5, 5]", "7, 7]", "stride=2", "padding=(2, 1)",
+                   "dilation=2", "C and O past a tile", "a single output pixel",
+                   "channels-last", "float16"):  # fmt: skip
+        assert needed in labels, needed
+
+
+def test_the_guides_one_output_kernel_is_exact_on_nchw_and_named_on_channels_last(monkeypatch):
+    """One program per output, flat NCHW addresses: right until the memory is channels-last.
+    In the interpreter a program per output is slow, so two cases stand for the rest."""
+    if runtime.INTERPRETED:
+        cases = conv2d_checks._cases
+        monkeypatch.setattr(
+            conv2d_checks, "_cases",
+            lambda seed, direct: [c for c in cases(seed, direct)
+                                  if c.label.startswith(("odd image", "channels-last"))],
+        )  # fmt: skip
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_conv2d_direct(broken.conv2d_one_program_per_output)
+    result = info.value.result
+    failed = [c for c in result.cases if not c.passed]
+    assert [c.label.split(":")[0] for c in failed] == ["channels-last"], result.report()
+    assert "as if it were NCHW-contiguous" in failed[0].hint
+
+
+def test_a_conv2d_shape_hint_names_the_formula():
+    case = conv2d_checks._cases(62, direct=False)[4]  # stride 2, padding (2, 1), 5x5
+    assert case.kwargs == {"stride": 2, "padding": (2, 1)}
+    assert "leaves out" not in conv2d_checks._wrong_shape(case, [1, 2, 99, 99])
+    assert conv2d_checks.output_size(12, 5, 2, 2, 1) == 6

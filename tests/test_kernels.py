@@ -1,6 +1,7 @@
 """Finished kernels against their references: every size, dtype and error path."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -438,3 +439,129 @@ def test_softmax_wide_rows_on_gpu():
     for shape in [(4096, 1 << 17), (64, 1 << 20)]:
         x = torch.randn(*shape, device=DEVICE)
         torch.testing.assert_close(softmax.softmax(x), torch.softmax(x, -1))
+
+
+# --- lesson 06 ----------------------------------------------------------------------------
+
+from course_lib.kernels import conv2d  # noqa: E402
+
+CONV_SHAPES = [
+    # B, C, H, W, O, kh, kw, stride, padding, dilation
+    pytest.param(1, 3, 3, 3, 2, 3, 3, 1, 0, 1, id="one-output-pixel"),
+    pytest.param(2, 5, 13, 11, 7, 3, 3, 1, 1, 1, id="odd-3x3-p1"),
+    pytest.param(2, 4, 6, 7, 3, 1, 1, 1, 0, 1, id="1x1"),
+    pytest.param(1, 3, 12, 9, 4, 5, 5, 2, (2, 1), 1, id="5x5-s2-p2x1"),
+    pytest.param(1, 3, 17, 17, 8, 7, 7, 2, 3, 1, id="7x7-stem-s2"),
+    pytest.param(1, 20, 11, 10, 5, 3, 3, 1, 2, 2, id="dilation2"),
+    pytest.param(1, 37, 6, 5, 19, 3, 3, 1, 1, 1, id="C37-O19"),
+    pytest.param(1, 32, 5, 6, 16, 3, 3, 1, 1, 1, id="C32-channel-tiles"),
+    pytest.param(2, 4, 8, 9, 3, 1, 3, (2, 1), (0, 1), 1, id="1x3-s2x1"),
+    pytest.param(1, 6, 9, 8, 5, 2, 4, 1, "same", (2, 1), id="same-even-kernel"),
+    pytest.param(1, 6, 9, 8, 5, 3, 3, 2, "valid", 1, id="valid-s2"),
+]
+LAYOUTS = [
+    pytest.param(torch.contiguous_format, torch.contiguous_format, id="nchw"),
+    pytest.param(torch.channels_last, torch.channels_last, id="channels-last"),
+    pytest.param(torch.channels_last, torch.contiguous_format, id="channels-last-x-only"),
+    pytest.param(torch.contiguous_format, torch.channels_last, id="channels-last-w-only"),
+]
+
+
+def _conv_error(got, x, weight, bias, stride, padding, dilation) -> float:
+    """|got - exact| / the largest |exact|: float64 in, so only the kernel's rounding shows."""
+    with warnings.catch_warnings():  # torch warns of padding="same" with an even kernel
+        warnings.simplefilter("ignore", UserWarning)
+        exact = torch.nn.functional.conv2d(
+            x.double(), weight.double(), None if bias is None else bias.double(),
+            stride, padding, dilation,
+        )  # fmt: skip
+    assert got.shape == exact.shape
+    return float((got.double() - exact).abs().max() / exact.abs().max().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize(("B", "C", "H", "W", "O", "kh", "kw", "stride", "padding", "dilation"),
+                         CONV_SHAPES)  # fmt: skip
+@pytest.mark.parametrize(("x_format", "w_format"), LAYOUTS)
+def test_conv2d_matches_float64(B, C, H, W, O, kh, kw, stride, padding, dilation, x_format,
+                                w_format):  # fmt: skip
+    x = torch.randn(B, C, H, W, device=DEVICE).contiguous(memory_format=x_format)
+    weight = torch.randn(O, C, kh, kw, device=DEVICE).contiguous(memory_format=w_format)
+    bias = torch.randn(O, device=DEVICE)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        got = conv2d.conv2d(x, weight, bias, stride, padding, dilation)
+    assert _conv_error(got, x, weight, bias, stride, padding, dilation) < 1e-5
+    # the output comes in x's memory format
+    channels_last = x_format == torch.channels_last and not x.is_contiguous()
+    assert got.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_format", [torch.contiguous_format, torch.channels_last])
+def test_conv2d_in_every_dtype(dtype, x_format):
+    x = torch.randn(2, 24, 10, 9, device=DEVICE).to(dtype).contiguous(memory_format=x_format)
+    weight = torch.randn(40, 24, 3, 3, device=DEVICE).to(dtype)
+    got = conv2d.conv2d(x, weight, padding=1)
+    assert got.dtype == dtype
+    # fp16 and bf16 inputs are exact in float64; the sum of 216 products in fp32, rounded once
+    bound = {torch.float32: 2e-3, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    assert _conv_error(got, x, weight, None, 1, 1, 1) < bound
+
+
+def test_conv2d_takes_any_strides():
+    big = torch.randn(2, 8, 20, 21, device=DEVICE)
+    x = big[:, ::2, 1:-1:2, ::3]  # a view with steps along every axis
+    weight = torch.randn(10, 12, 3, 3, device=DEVICE)[1::2, ::3]
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        got = conv2d.conv2d(x, weight, padding=1)
+    assert _conv_error(got, x, weight, None, 1, 1, 1) < 1e-5
+
+
+def test_conv2d_says_what_is_wrong():
+    x = torch.randn(1, 3, 8, 8, device=DEVICE)
+    weight = torch.randn(4, 3, 3, 3, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="groups=2"):
+        conv2d.conv2d(x, weight, groups=2)
+    with pytest.raises(ValueError, match="x has 3 channels but weight expects 5"):
+        conv2d.conv2d(x, torch.randn(4, 5, 3, 3, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x \[B, C, H, W\]"):
+        conv2d.conv2d(x[0], weight)
+    with pytest.raises(TypeError, match="dtypes differ"):
+        conv2d.conv2d(x, weight.half())
+    with pytest.raises(ValueError, match="bias must have shape"):
+        conv2d.conv2d(x, weight, torch.randn(3, device=DEVICE))
+    with pytest.raises(ValueError, match="does not fit"):
+        conv2d.conv2d(x, torch.randn(4, 3, 9, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="'same' needs stride 1"):
+        conv2d.conv2d(x, weight, stride=2, padding="same")
+    with pytest.raises(ValueError, match="padding must be"):
+        conv2d.conv2d(x, weight, padding="full")
+    with pytest.raises(TypeError, match="stride must be an int or a pair"):
+        conv2d.conv2d(x, weight, stride=(1, 2, 3))
+    with pytest.raises(ValueError, match=">= 1"):
+        conv2d.conv2d(x, weight, dilation=0)
+
+
+def test_conv2d_of_an_empty_batch_is_empty():
+    weight = torch.randn(4, 3, 3, 3, device=DEVICE)
+    assert conv2d.conv2d(torch.randn(0, 3, 8, 8, device=DEVICE), weight).shape == (0, 4, 6, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("B", "C", "H", "O", "k", "stride", "padding", "dtype", "x_format"),
+    [
+        (8, 64, 56, 64, 3, 1, 1, torch.float16, torch.channels_last),  # a ResNet layer
+        (8, 64, 56, 64, 3, 1, 1, torch.bfloat16, torch.contiguous_format),
+        (4, 3, 224, 64, 7, 2, 3, torch.float16, torch.contiguous_format),  # the stem
+        (4, 100, 30, 72, 3, 2, 1, torch.float32, torch.channels_last),  # no tile divides C
+    ],
+    ids=["resnet-fp16-cl", "resnet-bf16-nchw", "stem-fp16", "c100-tf32-cl"],
+)
+def test_conv2d_on_network_shapes_on_gpu(B, C, H, O, k, stride, padding, dtype, x_format):
+    x = torch.randn(B, C, H, H, device=DEVICE, dtype=dtype).contiguous(memory_format=x_format)
+    weight = torch.randn(O, C, k, k, device=DEVICE, dtype=dtype)
+    got = conv2d.conv2d(x, weight, None, stride, padding)
+    bound = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 5e-3}[dtype]
+    assert _conv_error(got, x, weight, None, stride, padding, 1) < bound

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from course_lib import DEVICE, bench, runtime
-from course_lib.kernels import _launch, add_2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import _launch, add_2d, conv2d, matmul, relu, softmax, vector_add
 from course_lib.kernels import matmul_fast_paths as fast
 
 
@@ -169,6 +169,22 @@ def _host_cases():
         ),
         ("matmul, autotuned", matmul.matmul, (square, square), False),
         ("matmul, TF32 B first", matmul.matmul, (square, square), True),
+        # channels-last, and NCHW, whose launcher makes one channels-last copy more
+        (
+            "conv2d, channels-last",
+            conv2d.conv2d,
+            (
+                torch.randn(2, 32, 16, 16, **f16).to(memory_format=torch.channels_last),
+                torch.randn(48, 32, 3, 3, **f16).to(memory_format=torch.channels_last),
+            ),
+            False,
+        ),
+        (
+            "conv2d, RGB",
+            conv2d.conv2d,
+            (torch.randn(2, 3, 32, 32, **f16), torch.randn(16, 3, 7, 7, **f16)),
+            False,
+        ),
     ]
     if fast._capability(DEVICE) in fast.TMA_GPUS:
         # past SMALL_PRODUCT with rows the TMA unit takes: the persistent kernel

@@ -11,8 +11,17 @@ from collections.abc import Iterator
 import torch
 
 from course_lib import references, runtime
-from course_lib.bench.sweep import Sweep, Target, bandwidth_sweep, flops_sweep, label
-from course_lib.kernels import add_2d, matmul, relu, softmax, vector_add
+from course_lib.bench.sweep import (
+    Sweep,
+    Target,
+    bandwidth_sweep,
+    flops_sweep,
+    label,
+    matmul_peak,
+    run_sweep,
+)
+from course_lib.bench.timing import tflop_per_s
+from course_lib.kernels import add_2d, conv2d, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
 SIZES = [1 << p for p in (12, 14, 16, 18)] + [1 << p for p in range(20, 29)]
@@ -146,10 +155,57 @@ def matmul_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         yield sweep
 
 
+# (B, C, H = W, O, kernel side, stride, padding): three ResNet-50 layers and its stem
+RESNET_LAYERS = [
+    (32, 64, 56, 64, 3, 1, 1),
+    (32, 128, 28, 128, 3, 1, 1),
+    (32, 256, 14, 256, 3, 1, 1),
+]
+STEM = (8, 3, 224, 64, 7, 2, 3)
+CONV_SHAPES = [*RESNET_LAYERS, STEM]
+CONV_TARGETS = {
+    "channels-last": [
+        Target("torch", 0.8, lambda p: p in RESNET_LAYERS, "on the ResNet 3x3 layers"),
+        Target("torch", 0.5, lambda p: p == STEM, "on the 7x7 stem"),
+    ],
+    # torch's default layout; any conversion a kernel makes counts in its time
+    "NCHW": [Target("torch", 1.0, lambda p: p in RESNET_LAYERS, "on the ResNet 3x3 layers")],
+}
+
+
+def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """fp16 convolutions against torch (cuDNN) on the same tensors, channels-last (input
+    and weight, as model.to(memory_format=torch.channels_last) leaves them) and NCHW."""
+    ceiling = matmul_peak(torch.float16)
+    for layout, memory_format in (("channels-last", torch.channels_last),
+                                  ("NCHW", torch.contiguous_format)):  # fmt: skip
+
+        def make_inputs(point, memory_format=memory_format):
+            B, C, H, O, k, stride, padding = point
+            x = torch.randn(B, C, H, H, device=runtime.DEVICE, dtype=torch.float16)
+            w = torch.randn(O, C, k, k, device=runtime.DEVICE, dtype=torch.float16)
+            return (x.contiguous(memory_format=memory_format),
+                    w.contiguous(memory_format=memory_format), None, stride, padding)  # fmt: skip
+
+        def throughput(point, ms):
+            B, C, H, O, k, stride, padding = point
+            side = (H + 2 * padding - k) // stride + 1
+            return tflop_per_s(references.conv2d_flops(B, O, side, side, C, k, k), ms)
+
+        sweep = Sweep(f"conv2d ({layout}), B x C x H x O x k x stride x padding",
+                      torch.float16, ceiling, unit="TFLOP/s",
+                      ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+        run_sweep(sweep, conv2d.conv2d, {"torch": torch.nn.functional.conv2d}, CONV_SHAPES,
+                  make_inputs, throughput, rounds=3)  # fmt: skip
+        sweep.targets = CONV_TARGETS[layout]
+        yield sweep
+
+
 SUITES = {
     "add": vector_add_suite,
     "relu": relu_suite,
     "add_2d": add_2d_suite,
     "softmax": softmax_suite,
     "matmul": matmul_suite,
+    "conv2d": conv2d_suite,
 }

@@ -1,6 +1,7 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
+from course_lib.checks.conv2d import check_conv2d, check_conv2d_direct
 from course_lib.checks.elementwise import (
     check_axpy,
     check_leaky_relu,
@@ -30,6 +31,8 @@ __all__ = [
     "Problem",
     "check_add_2d",
     "check_axpy",
+    "check_conv2d",
+    "check_conv2d_direct",
     "check_leaky_relu",
     "check_matmul",
     "check_matmul_bias_act",

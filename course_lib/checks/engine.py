@@ -43,6 +43,11 @@ class Case:
     # run only once every case before it has passed: for a costly case whose finding
     # means something only then (say, a float16 overflow of an otherwise right kernel)
     after_the_rest: bool = False
+    # what reports call the inputs ("x", "weight"); default: x, y, z, w
+    input_names: tuple[str, ...] = ()
+
+    def names(self) -> list[str]:
+        return list(self.input_names) or _input_names(len(self.inputs))
 
 
 _case_seed_offset = 0  # 0 in learners' check cells; the grader's own under grading_seed()
@@ -158,6 +163,9 @@ class Hints:
         "allocate the output contiguous, torch.empty((M, N), dtype=x.dtype, device=x.device): "
         "torch.empty_like(x) copies x's strides, transposed ones included"
     )
+    # where the output's shape is wrong: (case, the shape returned) -> a hint naming the
+    # likely mistake, or None for the plain "allocate the output with shape ..."
+    wrong_shape: Callable[[Case, list[int]], str | None] | None = None
 
 
 PROBLEM_KINDS = (
@@ -385,8 +393,7 @@ def _call_case(
     what the call produced, as data, the output itself only with `keep_output` (replay.py)."""
     result = CaseResult(case.label)
     expected = (case.reference or reference)(*case.inputs)
-    names = _input_names(len(case.inputs))
-    guarded = [guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, names)]
+    guarded = [guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, case.names())]
     inputs = [view for view, _ in guarded]
     arena = GuardedArena()
     watch = contextlib.nullcontext({})
@@ -446,9 +453,7 @@ def _replay_case(
             _explain_error({k: _short(v) for k, v in error.items()}, result, hints)
             return result
         expected = (case.reference or reference)(*case.inputs)
-        guarded = [
-            guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, _input_names(len(case.inputs)))
-        ]
+        guarded = [guarded_copy(t, f"`{n}`") for t, n in zip(case.inputs, case.names())]
         inputs = [view for view, _ in guarded]
         arena = GuardedArena()
         out = replay.replayed_output(record, expected, arena)
@@ -578,8 +583,7 @@ class _Diagnosis:
     def run(self, out, expected, inputs, input_buffers, arena: GuardedArena) -> None:
         if not self._output_is_usable(out, expected, inputs, input_buffers):
             return
-        names = _input_names(len(inputs))
-        for name, view, clean in zip(names, inputs, self.case.inputs):
+        for name, view, clean in zip(self.case.names(), inputs, self.case.inputs):
             if not torch.equal(view, clean) and not _same_values(view, clean):
                 self.problem(
                     f"input `{name}` was modified",
@@ -609,7 +613,7 @@ class _Diagnosis:
         elif owner := next(
             (
                 (n, view)
-                for n, view, b in zip(_input_names(len(inputs)), inputs, input_buffers)
+                for n, view, b in zip(self.case.names(), inputs, input_buffers)
                 if b.owns(out)
             ),
             None,
@@ -626,9 +630,10 @@ class _Diagnosis:
             # more telling than "launched no kernel": a view launches nothing
             self.result.hint = self.hints.returned_input
         elif out.shape != expected.shape:
+            named = self.hints.wrong_shape and self.hints.wrong_shape(self.case, list(out.shape))
             self.problem(
                 f"output shape {list(out.shape)}, expected {list(expected.shape)}",
-                f"allocate the output with shape {list(expected.shape)}",
+                named or f"allocate the output with shape {list(expected.shape)}",
                 "layout",
             )
         elif out.device != expected.device:

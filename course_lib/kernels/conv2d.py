@@ -1,0 +1,267 @@
+"""Lesson 06: 2-D convolution as an implicit matrix product.
+
+The output, seen as a matrix, has M = B·OH·OW rows (output pixels) and N = O columns
+(output channels); the reduction runs over K = C·kh·kw taps. Each program computes one
+BLOCK_M x BLOCK_N tile of it, as lesson 05's matmul does, but never builds the [M, K]
+matrix of input windows (im2col): each step of K gathers its A tile straight from the
+input, and the load's mask, false where a tap falls into the padding, *is* the padding.
+
+The order of K follows the memory. With C = 16 channels or more, K runs (r, s, c), c
+innermost, over a channels-last input: each A tile row is then BLOCK_K contiguous channels
+of one input pixel, and the tap (r, s) is one scalar per step. An NCHW input is copied to
+channels-last first, which costs less than the scattered reads it saves. With fewer
+channels (an RGB image) a channel tile would be mostly padding, so K runs (c, r, s) over
+the input as it lies, each lane of a tile a tap of its own. Either way the weight is read
+as an [O, K] matrix whose rows are contiguous in K's order, copied so where it is not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib import runtime
+from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
+from course_lib.kernels.matmul import grouped_tile
+
+INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
+# inputs with fewer channels (an RGB image) take K in (c, r, s) order, as they lie
+MIN_CHANNELS_INNER = 16
+
+# BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. O, the N of the product, is 64 to 512 in
+# most networks, so tiles are at most 256 wide; M is large, so tall tiles come first.
+TILE_SHAPES = [
+    (128, 128, 64, 3, 8),
+    (128, 64, 64, 4, 4),
+    (256, 64, 64, 3, 8),
+    (64, 128, 64, 4, 4),
+    (128, 256, 64, 3, 8),
+    (256, 128, 64, 3, 8),
+    (128, 128, 32, 4, 4),
+    (64, 64, 32, 4, 4),
+    (128, 64, 32, 4, 4),
+    (128, 64, 64, 3, 4),
+    (64, 64, 64, 3, 4),
+]
+
+
+@triton.jit
+def conv2d_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    B, C, H, W, O, OH, OW,
+    stride_xb, stride_xc, stride_xh, stride_xw,
+    stride_wo,  # the weight as [O, K]: each row contiguous in K's order
+    stride_ob, stride_oc, stride_oh, stride_ow,
+    SH, SW, PH, PW, DH, DW,
+    KH: tl.constexpr, KW: tl.constexpr,
+    CHANNELS_INNER: tl.constexpr,  # K in (r, s, c) order; (c, r, s) otherwise
+    C_DIVISOR: tl.constexpr,  # a power of two that divides C (up to 128)
+    K_DIVISOR: tl.constexpr,  # a power of two that divides C·kh·kw (up to 128)
+    HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    M = B * OH * OW
+    K = C * KH * KW
+    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), M, O, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] output pixels
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] output channels
+    offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
+    m_ok = offs_m < M
+    n_ok = offs_n < O
+    b = tl.where(m_ok, offs_m // (OH * OW), 0)
+    oh = (offs_m // OW) % OH
+    ow = offs_m % OW
+    ih0 = oh * SH - PH  # [BLOCK_M] the window's top-left corner, padding included
+    iw0 = ow * SW - PW
+    # int64 for the batch term: B·C·H·W may pass 2^31 elements, one image may not
+    x_rows = x_ptr + b.to(tl.int64) * stride_xb  # [BLOCK_M]
+    w_cols = w_ptr + tl.where(n_ok, offs_n, 0) * stride_wo  # [BLOCK_N]
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if CHANNELS_INNER and C_DIVISOR % BLOCK_K == 0:
+            # the tile lies in one tap (r, s): scalars, and BLOCK_K channels in a row
+            rs = k0 // C
+            c = tl.multiple_of(k0 % C, BLOCK_K) + offs_k  # [BLOCK_K]
+            ih = ih0 + (rs // KW) * DH  # [BLOCK_M]
+            iw = iw0 + (rs % KW) * DW
+            pixel_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            x_ptrs = (x_rows + ih * stride_xh + iw * stride_xw)[:, None] + c[None, :] * stride_xc
+            x_mask = pixel_ok[:, None]
+            k_ok = offs_k < BLOCK_K  # all true: the tile never passes K
+        else:
+            k = k0 + offs_k  # [BLOCK_K] each tap its own (c, r, s)
+            if CHANNELS_INNER:
+                c = k % C
+                r = (k // C) // KW
+                s = (k // C) % KW
+            else:
+                c = k // (KH * KW)
+                r = (k // KW) % KH
+                s = k % KW
+            ih = ih0[:, None] + (r * DH)[None, :]  # [BLOCK_M, BLOCK_K]
+            iw = iw0[:, None] + (s * DW)[None, :]
+            k_ok = (k < K) | (K_DIVISOR % BLOCK_K == 0)
+            x_mask = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            x_ptrs = x_rows[:, None] + ih * stride_xh + iw * stride_xw + (c * stride_xc)[None, :]
+        w_ptrs = w_cols[None, :] + (k0 + offs_k)[:, None]  # [BLOCK_K, BLOCK_N]
+        x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
+        w_tile = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N]
+        acc = tl.dot(x_tile, w_tile, acc, input_precision=INPUT_PRECISION)
+
+    if HAS_BIAS:  # fused: added in registers before the one store
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out_rows = out_ptr + b.to(tl.int64) * stride_ob + oh * stride_oh + ow * stride_ow
+    out_ptrs = out_rows[:, None] + offs_n[None, :] * stride_oc
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# tiny products take one modest tile: tuning each new shape would cost more than it wins
+SMALL_PRODUCT = 256**3
+SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "INPUT_PRECISION"]
+conv2d_kernel_autotuned = triton.autotune(
+    configs=[
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w
+        )
+        for m, n, k, s, w in TILE_SHAPES
+    ],  # fmt: skip
+    key=TUNED_BY,
+)(conv2d_kernel)
+conv2d_launcher = LeanLauncher(conv2d_kernel)
+conv2d_autotuned_launcher = LeanLauncher(conv2d_kernel_autotuned)
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    """An int or a pair of ints, as a pair; a clear error for anything else."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
+        raise TypeError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}")
+    return pair
+
+
+def _padding(padding, kernel: tuple[int, int], dilation: tuple[int, int], stride) -> tuple:
+    """(top, left, bottom, right): torch's "same" puts the odd pixel at the bottom and right."""
+    if padding == "valid":
+        return 0, 0, 0, 0
+    if padding == "same":
+        if stride != (1, 1):
+            raise ValueError("conv2d: padding='same' needs stride 1, as in torch")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2
+    if isinstance(padding, str):
+        raise ValueError(f"conv2d: padding must be 'same', 'valid', an int or a pair: {padding!r}")
+    ph, pw = _pair(padding, "padding")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"conv2d: padding must be >= 0, got {padding!r}")
+    return ph, pw, ph, pw
+
+
+def _largest_power_of_2_dividing(n: int, cap: int = 128) -> int:
+    return min(n & -n, cap)
+
+
+def _strides_are(t: torch.Tensor, strides: tuple) -> bool:
+    """t has these strides, except along dimensions of size 1, whose stride means nothing."""
+    return all(a == b for a, b, n in zip(t.stride(), strides, t.shape) if n > 1)
+
+
+def conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """torch.nn.functional.conv2d of x [B, C, H, W] with weight [O, C, kh, kw] and an optional
+    bias [O]; stride, padding and dilation are ints or pairs, padding also "same" or "valid".
+
+    Any strides; the output [B, O, OH, OW] comes in x's memory format (channels-last in,
+    channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores when
+    torch.backends.cudnn.allow_tf32 is True, as torch's convolutions do.
+    """
+    if groups != 1:
+        raise NotImplementedError(
+            f"conv2d: groups={groups} is not supported; only groups=1 (every output channel "
+            "sees every input channel)"
+        )
+    check_same("conv2d", x, weight, same_shape=False)
+    if x.dim() != 4 or weight.dim() != 4:
+        raise ValueError(
+            f"conv2d expects x [B, C, H, W] and weight [O, C, kh, kw]; got {list(x.shape)} "
+            f"and {list(weight.shape)}"
+        )
+    (B, C, H, W), (O, C_w, KH, KW) = x.shape, weight.shape
+    if C_w != C:
+        raise ValueError(f"conv2d: x has {C} channels but weight expects {C_w}")
+    if bias is not None:
+        check_same("conv2d", x, bias, same_shape=False)
+        if bias.shape != (O,):
+            raise ValueError(f"conv2d: bias must have shape [{O}], got {list(bias.shape)}")
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if min(*stride, *dilation) < 1:
+        raise ValueError(f"conv2d: stride and dilation must be >= 1, got {stride}, {dilation}")
+    pt, pl, pb, pr = _padding(padding, (KH, KW), dilation, stride)
+    OH = (H + pt + pb - dilation[0] * (KH - 1) - 1) // stride[0] + 1
+    OW = (W + pl + pr - dilation[1] * (KW - 1) - 1) // stride[1] + 1
+    if OH < 1 or OW < 1:
+        raise ValueError(
+            f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit in the padded "
+            f"{H + pt + pb}x{W + pl + pr} input"
+        )
+    if max(C * H * W, O * OH * OW, B * OH * OW, O * C * KH * KW) >= 2**31:
+        raise ValueError(
+            "conv2d: one image, one output image or the weight has 2^31 elements or more, past "
+            "what this kernel's 32-bit offsets address; split the images into tiles"
+        )
+    # K's order follows x's densest dimension; the output takes x's memory format
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    out = torch.empty(
+        (B, O, OH, OW), dtype=x.dtype, device=x.device,
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format,
+    )  # fmt: skip
+    if out.numel() == 0:
+        return out
+    if C == 0:
+        return out.zero_() if bias is None else out.copy_(bias[:, None, None].expand_as(out))
+    channels_inner = C >= MIN_CHANNELS_INNER
+    if channels_inner and not (x.stride(1) == 1 or C == 1):
+        x = x.contiguous(memory_format=torch.channels_last)  # see the module's docstring
+    weight = _weight_rows(weight, channels_inner)
+    sizes = (B, C, H, W, O, OH, OW, *x.stride(), weight.stride(0), *out.stride(),
+             *stride, pt, pl, *dilation)  # fmt: skip
+    tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+    meta = dict(
+        KH=KH, KW=KW, CHANNELS_INNER=channels_inner,
+        C_DIVISOR=_largest_power_of_2_dividing(C),
+        K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW),
+        HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
+    )  # fmt: skip
+    bias_arg = x if bias is None else bias  # never read without HAS_BIAS
+    M = B * OH * OW
+    if runtime.INTERPRETED or M * O * C * KH * KW <= SMALL_PRODUCT:
+        config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
+        grid = (cdiv(M, config["BLOCK_M"]) * cdiv(O, config["BLOCK_N"]),)
+        conv2d_launcher[grid](x, weight, bias_arg, out, *sizes, **meta, **config)
+    else:
+        grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(O, m["BLOCK_N"]),)
+        conv2d_autotuned_launcher[grid](x, weight, bias_arg, out, *sizes, **meta)
+    return out
+
+
+def _weight_rows(weight: torch.Tensor, channels_inner: bool) -> torch.Tensor:
+    """The weight with each row w[o] contiguous in K's order: (r, s, c) or (c, r, s).
+    Most weights arrive so (an NCHW model's, or a channels-last model's in its order), and
+    come back as they are; others are copied, a small copy next to the convolution."""
+    O, C, KH, KW = weight.shape
+    if channels_inner:
+        if _strides_are(weight, (KH * KW * C, 1, KW * C, C)):
+            return weight
+        return weight.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    if _strides_are(weight, (C * KH * KW, KH * KW, KW, 1)):
+        return weight
+    return weight.contiguous()
