@@ -165,3 +165,109 @@ def test_program_order_draws_into_a_given_axes():
 def test_program_order_rejects_sizes_that_are_not_positive_ints(bad):
     with pytest.raises(ValueError, match="positive int"):
         plot_program_order(4, 4, GROUP_M=bad)
+
+
+# --- plot_receptive_field: the input pixels one tile of a conv2d's output reads (lesson 06)
+
+from course_lib.figures import plot_receptive_field  # noqa: E402
+
+LABEL_SIGNED = re.compile(r"^\((-?\d+), (-?\d+)\)$")  # (ih, iw), negative in the padding
+
+
+def _squares(ax: Axes) -> dict[tuple[int, int], str]:
+    """Each input position drawn, (ih, iw) -> its gid, checked against where it is drawn."""
+    squares = {}
+    for p in ax.patches:
+        if isinstance(p, Rectangle) and LABEL_SIGNED.match(p.get_label()):
+            ih, iw = map(int, LABEL_SIGNED.match(p.get_label()).groups())
+            assert p.get_xy() == (iw, ih) and (p.get_width(), p.get_height()) == (1, 1)
+            squares[(ih, iw)] = p.get_gid()
+    return squares
+
+
+def _read_by_brute_force(H, W, kh, kw, stride, padding, dilation, rows, cols):
+    """Positions read, by looping over output pixels and taps as a direct kernel does."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    read = set()
+    for oh in rows:
+        for ow in cols:
+            for r in range(kh):
+                for s in range(kw):
+                    read.add((oh * sh - ph + r * dh, ow * sw - pw + s * dw))
+    return read
+
+
+@pytest.mark.parametrize(
+    "H, W, kh, kw, stride, padding, dilation, rows, cols",
+    [
+        pytest.param(6, 6, 3, 3, (1, 1), (1, 1), (1, 1), range(0, 2), range(0, 2), id="3x3-s1-p1"),
+        pytest.param(9, 9, 3, 3, (2, 2), (1, 1), (1, 1), range(0, 2), range(1, 3), id="3x3-s2-p1"),
+        pytest.param(7, 5, 3, 3, (1, 1), (2, 2), (2, 2), range(0, 1), range(0, 3), id="3x3-d2-p2"),
+        pytest.param(5, 8, 5, 3, (1, 2), (2, 1), (1, 1), range(3, 5), range(0, 4), id="5x3-pairs"),
+        pytest.param(4, 4, 1, 1, (1, 1), (0, 0), (1, 1), range(0, 4), range(0, 4), id="1x1-p0"),
+    ],
+)
+def test_receptive_field_marks_exactly_what_the_tile_reads(
+    H, W, kh, kw, stride, padding, dilation, rows, cols
+):
+    ax = plot_receptive_field(H, W, kh, kw, stride, padding, dilation, rows, cols)
+    assert isinstance(ax, Axes)
+    squares = _squares(ax)
+    (ph, pw) = padding
+    assert set(squares) == {(ih, iw) for ih in range(-ph, H + ph) for iw in range(-pw, W + pw)}
+    read = _read_by_brute_force(H, W, kh, kw, stride, padding, dilation, rows, cols)
+    for (ih, iw), gid in squares.items():
+        in_image = 0 <= ih < H and 0 <= iw < W
+        expected = {
+            (True, True): "read",
+            (True, False): "image",
+            (False, True): "read padding",
+            (False, False): "padding",
+        }[(in_image, (ih, iw) in read)]
+        assert gid == expected, (ih, iw)
+
+
+def test_receptive_field_shades_padding_apart_from_the_image():
+    ax = plot_receptive_field(6, 6, 3, 3, stride=1, padding=1, out_rows=(0, 2), out_cols=(0, 2))
+    colors = {}
+    for p in ax.patches:
+        if p.get_gid() in ("image", "padding", "read", "read padding"):
+            colors.setdefault(p.get_gid(), set()).add(p.get_facecolor())
+    assert all(len(shades) == 1 for shades in colors.values())
+    assert len({shades.pop() for shades in colors.values()}) == 4
+    # a 2 x 2 tile in the corner: a 4 x 4 window, of which the top row and left column are padding
+    gids = list(_squares(ax).values())
+    assert (gids.count("read"), gids.count("read padding")) == (9, 7)
+    assert gids.count("padding") + gids.count("read padding") == 8 * 8 - 6 * 6
+
+
+def test_receptive_field_marks_the_window_of_the_first_output_pixel():
+    ax = plot_receptive_field(9, 9, 3, 3, stride=2, padding=1, out_rows=(1, 3), out_cols=(2, 4))
+    (dots,) = [line for line in ax.lines if line.get_gid() == "first window"]
+    taps = {(int(y - 0.5), int(x - 0.5)) for x, y in zip(dots.get_xdata(), dots.get_ydata())}
+    assert taps == {(1 + r, 3 + s) for r in range(3) for s in range(3)}  # oh=1, ow=2, stride 2
+
+
+def test_receptive_field_takes_ranges_or_pairs_and_draws_into_a_given_axes():
+    _, ax = plt.subplots()
+    assert plot_receptive_field(6, 6, 3, 3, 1, 1, 1, range(0, 2), range(1, 3), ax=ax) is ax
+    other = plot_receptive_field(6, 6, 3, 3, 1, 1, 1, (0, 2), (1, 3))
+    assert _squares(ax) == _squares(other)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        pytest.param(dict(out_rows=(0, 7)), "not all inside", id="tile-past-the-output"),
+        pytest.param(dict(out_cols=(2, 2)), "non-empty range", id="empty-tile"),
+        pytest.param(dict(stride=0), "stride", id="stride-0"),
+        pytest.param(dict(padding=-1), "padding", id="negative-padding"),
+        pytest.param(dict(padding="same"), "padding", id="padding-string"),
+        pytest.param(dict(kh=9), "does not fit", id="kernel-larger-than-the-image"),
+    ],
+)
+def test_receptive_field_rejects_what_is_not_a_tile_of_the_output(kwargs, match):
+    args = dict(H=6, W=6, kh=3, kw=3, stride=1, padding=1, dilation=1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        plot_receptive_field(**args)

@@ -6,15 +6,15 @@ BLOCK_M x BLOCK_N tile of it, as lesson 05's matmul does, but never builds the [
 matrix of input windows (im2col): each step of K gathers its A tile straight from the
 input, and the load's mask, false where a tap falls into the padding, *is* the padding.
 
-The order of K follows the memory. With 16 channels or more, K runs (r, s, c), c innermost,
-over a channels-last input: each row of an A tile is then BLOCK_K contiguous channels of
-one input pixel, and the tap (r, s) is one scalar per step. An NCHW input is copied to
-channels-last first: on an H100 that ran about twice as fast as any order read from NCHW
-memory in place. With fewer channels (an RGB image) a channel tile would be mostly
-padding, so K runs (c, r, s), each lane a tap of its own, over an NCHW input (copied so
-where it is channels-last), whose tiles are loaded along the pixels that lie side by side.
-The weight is read as an [O, K] matrix whose rows are contiguous in K's order, copied so
-where they are not.
+With 16 channels or more, K runs (r, s, c), c innermost: the tap (r, s) is one scalar per
+step, and each row of an A tile is BLOCK_K channels of one input pixel, contiguous in a
+channels-last input. An NCHW input is read in place, its tiles contiguous along the output
+pixels instead: on an H100 that ran about as fast as copying it to channels-last first,
+without the copy's memory. With
+fewer channels (an RGB image) a channel tile would be mostly padding, so K runs (c, r, s),
+each lane a tap of its own, over an NCHW input (copied so where it is channels-last),
+whose tiles are loaded along the pixels that lie side by side. The weight is read as an
+[O, K] matrix whose rows are contiguous in K's order, copied so where they are not.
 """
 
 from __future__ import annotations
@@ -243,9 +243,7 @@ def conv2d(
         return out.zero_() if bias is None else out.copy_(bias[:, None, None].expand_as(out))
     # K's order follows the memory, copied where that costs less: see the module's docstring
     channels_inner = C >= MIN_CHANNELS_INNER
-    if channels_inner and x.stride(1) != 1:
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif not channels_inner and x.stride(3) != 1:
+    if not channels_inner and x.stride(3) != 1:
         x = x.contiguous()
     weight = _weight_rows(weight, channels_inner)
     sizes = (B, C, H, W, O, OH, OW, *x.stride(), weight.stride(0), *out.stride(),
