@@ -565,3 +565,16 @@ def test_conv2d_on_network_shapes_on_gpu(B, C, H, O, k, stride, padding, dtype, 
     got = conv2d.conv2d(x, weight, None, stride, padding)
     bound = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 5e-3}[dtype]
     assert _conv_error(got, x, weight, None, stride, padding, 1) < bound
+
+
+def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
+    # past MAX_STRIDED_WEIGHT a weight whose rows are not in K's order is copied first;
+    # a limit of 0 sends every weight of this test through that path
+    monkeypatch.setattr(conv2d, "MAX_STRIDED_WEIGHT", 0)
+    x = torch.randn(2, 20, 7, 6, device=DEVICE)
+    for x_format, w_format in [(torch.contiguous_format, torch.channels_last),
+                               (torch.channels_last, torch.contiguous_format)]:  # fmt: skip
+        weight = torch.randn(5, 20, 3, 3, device=DEVICE).contiguous(memory_format=w_format)
+        with torch.backends.cudnn.flags(allow_tf32=False):
+            got = conv2d.conv2d(x.contiguous(memory_format=x_format), weight, padding=1)
+        assert _conv_error(got, x, weight, None, 1, 1, 1) < 1e-5

@@ -14,7 +14,9 @@ without the copy's memory. With
 fewer channels (an RGB image) a channel tile would be mostly padding, so K runs (c, r, s),
 each lane a tap of its own, over an NCHW input (copied so where it is channels-last),
 whose tiles are loaded along the pixels that lie side by side. The weight is read as an
-[O, K] matrix whose rows are contiguous in K's order, copied so where they are not.
+[O, K] matrix, in contiguous runs where its rows lie in K's order (an NCHW model's weight
+for (c, r, s), a channels-last model's for (r, s, c)); otherwise through its strides if it
+is small, and from a copy in K's order if it is not.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from course_lib.kernels.matmul import grouped_tile
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
 # inputs with fewer channels (an RGB image) take K in (c, r, s) order, as they lie
 MIN_CHANNELS_INNER = 16
+# a weight whose rows are not contiguous in K's order is read through its strides up to
+# this size, and copied past it: on an H100, reading a 64x64x3x3 weight in place beat the
+# copy (0.99 against 0.82 of torch), and reading a 128x128x3x3 one lost (0.61 against 0.86)
+MAX_STRIDED_WEIGHT = 1 << 16
 
 # BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. O, the N of the product, is 64 to 512 in
 # most networks, so tiles are at most 256 wide; M is large, so tall tiles come first.
@@ -53,7 +59,7 @@ def conv2d_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
     B, C, H, W, O, OH, OW,
     stride_xb, stride_xc, stride_xh, stride_xw,
-    stride_wo,  # the weight as [O, K]: each row contiguous in K's order
+    stride_wo, stride_wc, stride_wr, stride_ws,
     stride_ob, stride_oc, stride_oh, stride_ow,
     SH, SW, PH, PW, DH, DW,
     KH: tl.constexpr, KW: tl.constexpr,
@@ -61,6 +67,7 @@ def conv2d_kernel(
     X_PIXELS_INNER: tl.constexpr,  # x is NCHW: its pixels lie side by side
     C_DIVISOR: tl.constexpr,  # a power of two that divides C (up to 128)
     K_DIVISOR: tl.constexpr,  # a power of two that divides C·kh·kw (up to 128)
+    W_FLAT: tl.constexpr,  # each weight row w[o] is contiguous in K's order
     HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -93,6 +100,7 @@ def conv2d_kernel(
             x_ptrs = (x_rows + ih * stride_xh + iw * stride_xw)[:, None] + c[None, :] * stride_xc
             x_mask = pixel_ok[:, None]
             k_ok = offs_k < BLOCK_K  # all true: the tile never passes K
+            w_k = c * stride_wc + (rs // KW) * stride_wr + (rs % KW) * stride_ws  # [BLOCK_K]
         else:
             k = k0 + offs_k  # [BLOCK_K] each tap its own (c, r, s)
             if CHANNELS_INNER:
@@ -108,7 +116,10 @@ def conv2d_kernel(
             k_ok = (k < K) | (K_DIVISOR % BLOCK_K == 0)
             x_mask = m_ok[:, None] & k_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             x_ptrs = x_rows[:, None] + ih * stride_xh + iw * stride_xw + (c * stride_xc)[None, :]
-        w_ptrs = w_cols[None, :] + (k0 + offs_k)[:, None]  # [BLOCK_K, BLOCK_N]
+            w_k = c * stride_wc + r * stride_wr + s * stride_ws
+        if W_FLAT:  # one contiguous run per weight row: the compiler sees it
+            w_k = k0 + offs_k
+        w_ptrs = w_cols[None, :] + w_k[:, None]  # [BLOCK_K, BLOCK_N]
         if X_PIXELS_INNER:
             # loaded as [BLOCK_K, BLOCK_M], so that neighbouring lanes read neighbouring
             # pixels of one channel, which an NCHW image keeps side by side (for the 7x7
@@ -133,7 +144,8 @@ def conv2d_kernel(
 SMALL_PRODUCT = 256**3
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
-TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "INPUT_PRECISION"]
+TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "W_FLAT",
+            "INPUT_PRECISION"]  # fmt: skip
 conv2d_kernel_autotuned = triton.autotune(
     configs=[
         triton.Config(
@@ -245,14 +257,19 @@ def conv2d(
     channels_inner = C >= MIN_CHANNELS_INNER
     if not channels_inner and x.stride(3) != 1:
         x = x.contiguous()
-    weight = _weight_rows(weight, channels_inner)
-    sizes = (B, C, H, W, O, OH, OW, *x.stride(), weight.stride(0), *out.stride(),
+    # the strides each weight row would have if it were contiguous in K's order
+    flat = (KH * KW * C, 1, KW * C, C) if channels_inner else (C * KH * KW, KH * KW, KW, 1)
+    if weight.numel() > MAX_STRIDED_WEIGHT and not _strides_are(weight, flat):
+        weight = weight.permute(0, 2, 3, 1) if channels_inner else weight
+        weight = weight.contiguous()
+        weight = weight.permute(0, 3, 1, 2) if channels_inner else weight
+    sizes = (B, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
              *stride, pt, pl, *dilation)  # fmt: skip
     tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
     meta = dict(
         KH=KH, KW=KW, CHANNELS_INNER=channels_inner, X_PIXELS_INNER=not channels_inner,
         C_DIVISOR=_largest_power_of_2_dividing(C),
-        K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW),
+        K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=_strides_are(weight, flat),
         HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
     )  # fmt: skip
     bias_arg = x if bias is None else bias  # never read without HAS_BIAS
@@ -265,17 +282,3 @@ def conv2d(
         grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(O, m["BLOCK_N"]),)
         conv2d_autotuned_launcher[grid](x, weight, bias_arg, out, *sizes, **meta)
     return out
-
-
-def _weight_rows(weight: torch.Tensor, channels_inner: bool) -> torch.Tensor:
-    """The weight with each row w[o] contiguous in K's order: (r, s, c) or (c, r, s).
-    Most weights arrive so (an NCHW model's, or a channels-last model's in its order), and
-    come back as they are; others are copied, a small copy next to the convolution."""
-    O, C, KH, KW = weight.shape
-    if channels_inner:
-        if _strides_are(weight, (KH * KW * C, 1, KW * C, C)):
-            return weight
-        return weight.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    if _strides_are(weight, (C * KH * KW, KH * KW, KW, 1)):
-        return weight
-    return weight.contiguous()
