@@ -1139,7 +1139,7 @@ def conv2d_variant_kernel(
 
 def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, flip=False,
             whole_c_tiles=False, size_without=None, window_without=None, x_strides="right",
-            w_strides="right", out_hw_swapped=False, block_k=16):  # fmt: skip
+            w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16):  # fmt: skip
     (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     plain = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
@@ -1151,6 +1151,9 @@ def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, fl
     OW = (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1
     out = torch.empty((B, O, OW, OH) if out_hw_swapped else (B, O, OH, OW), dtype=x.dtype,
                       device=x.device)  # fmt: skip
+    so = out.stride()
+    if out_like_x:  # mistake: allocated in x's memory format, stored as if NCHW-contiguous
+        out = out.contiguous(memory_format=torch.channels_last) if x.stride(1) == 1 else out
     in_window = {"stride": stride, "padding": padding, "dilation": dilation}
     if window_without:  # mistake: the window leaves one parameter out
         in_window[window_without] = plain[window_without]
@@ -1166,7 +1169,7 @@ def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, fl
     }[w_strides]
     grid = (triton.cdiv(B * OH * OW, 32), triton.cdiv(O, 32))
     conv2d_variant_kernel[grid](
-        x, weight, out, B, C, H, W, O, OH, OW, *sx, *sw, *out.stride(),
+        x, weight, out, B, C, H, W, O, OH, OW, *sx, *sw, *so,
         *in_window["stride"], *in_window["padding"], *in_window["dilation"], KH=KH, KW=KW,
         BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k,
         MASK_PADDING=mask_padding, FLIP=flip, WHOLE_C_TILES=whole_c_tiles,
@@ -1220,6 +1223,10 @@ def conv2d_x_hw_strides_swapped(x, weight, stride=1, padding=0, dilation=1):
 
 def conv2d_output_hw_swapped(x, weight, stride=1, padding=0, dilation=1):
     return _conv2d(x, weight, stride, padding, dilation, out_hw_swapped=True)
+
+
+def conv2d_output_stored_as_nchw(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, out_like_x=True)
 
 
 def conv2d_weight_oc_swapped(x, weight, stride=1, padding=0, dilation=1):

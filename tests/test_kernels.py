@@ -578,3 +578,19 @@ def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
         with torch.backends.cudnn.flags(allow_tf32=False):
             got = conv2d.conv2d(x.contiguous(memory_format=x_format), weight, padding=1)
         assert _conv_error(got, x, weight, None, 1, 1, 1) < 1e-5
+
+
+def test_conv2d_takes_a_bias_of_any_strides():
+    x = torch.randn(1, 4, 6, 6, device=DEVICE)
+    weight = torch.randn(4, 4, 3, 3, device=DEVICE)
+    for bias in (torch.randn(8, device=DEVICE)[::2], torch.randn(1, device=DEVICE).expand(4)):
+        with torch.backends.cudnn.flags(allow_tf32=False):
+            got = conv2d.conv2d(x, weight, bias, padding=1)
+        assert _conv_error(got, x, weight, bias, 1, 1, 1) < 1e-5
+
+
+def test_conv2d_measures_a_view_by_how_far_its_strides_reach():
+    # 17 channels 2^27 elements apart: few elements, offsets past 32 bits, so x is copied
+    view = torch.empty_strided((1, 17, 2, 2), (0, 2**27, 2, 1), device="meta")
+    assert conv2d._reach(view) == 16 * 2**27 + 3 >= 2**31
+    assert conv2d._reach(torch.empty(2, 3, 4, 5, device="meta")) == 59

@@ -96,6 +96,11 @@ DROPPED_CHANNELS_HINT = (
     "{block}, your loop stops at channel {kept}. Loop over triton.cdiv(C, BLOCK_K) tiles "
     "and mask the channels past C with other=0.0"
 )
+OUTPUT_STRIDES_HINT = (
+    "the right values landed in the wrong places: your output is laid out like x, "
+    "channels-last, and your kernel stores into it as if it were NCHW-contiguous. Pass "
+    "out.stride() to the kernel and store through it, or allocate the output NCHW"
+)
 NO_CHANNELS_HINT = (
     "no channel was summed: C = {C} is smaller than BLOCK_K, so a loop over whole channel "
     "tiles never runs. Loop over triton.cdiv(C, BLOCK_K) tiles and mask the channels past C "
@@ -131,8 +136,8 @@ def _wrong_shape(case: Case, got: list[int]) -> str | None:
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     stride, padding, dilation = _params(case)
 
-    def shape(stride=stride, padding=padding, dilation=dilation, channels=O):
-        sizes = [output_size(n, k, s, p, d) for n, k, s, p, d in
+    def shape(stride=stride, padding=padding, dilation=dilation, channels=O, sides=2):
+        sizes = [output_size(n + (sides - 2) * p, k, s, p, d) for n, k, s, p, d in
                  zip((H, W), (KH, KW), stride, padding, dilation)]  # fmt: skip
         return [B, channels, *sizes]
 
@@ -141,11 +146,12 @@ def _wrong_shape(case: Case, got: list[int]) -> str | None:
         f"OH = (H + 2 * pad_h - dil_h * (kh - 1) - 1) // stride_h + 1 = {right[2]} and the "
         f"same along W, {right[3]}"
     )
-    if got == [B, O, right[3], right[2]]:
+    if got in ([B, O, right[3], right[2]], shape(padding=padding[::-1])) and got != right:
         return f"{HW_SWAPPED_HINT} ({formula})"
     for wrong, mistake in [
         (shape(channels=C), "it has x's C channels where it needs the weight's O"),
         (shape(padding=(0, 0)), "its size leaves out the padding"),
+        (shape(sides=1), "its size counts the padding once: it goes on both sides, 2 * pad_h"),
         (shape(stride=(1, 1)), "its size leaves out the stride"),
         (shape(dilation=(1, 1)), "its size leaves out the dilation"),
     ]:
@@ -244,21 +250,44 @@ def _mistakes(x, w, stride, padding, dilation) -> list[KnownMistake]:
             lambda x, w: torch.zeros(B, O, OH, OW, dtype=torch.float64, device=x.device),
             NO_CHANNELS_HINT.format(C=C),
         ))  # fmt: skip
-    for block in _BLOCKS:
-        if C % block and C > block:
-            kept = C // block * block
-            found.append(KnownMistake(
-                lambda x, w, kept=kept: conv(x[:, :kept].double(), w[:, :kept].double()),
-                DROPPED_CHANNELS_HINT.format(C=C, block=block, kept=kept),
-            ))  # fmt: skip
-        K = C * KH * KW
-        if K % block and KH * KW > 1 and K > block:
-            kept = K // block * block
-            found.append(KnownMistake(
-                lambda x, w, kept=kept: _flat_k_prefix(x, w, stride, padding, dilation, kept),
-                DROPPED_TAPS_HINT.format(K=K, block=block, kept=kept),
-            ))  # fmt: skip
+    # one mistake per place the loop stops, naming every BLOCK_K that stops there
+    K = C * KH * KW
+    for kept, blocks in _stops(C).items():
+        found.append(KnownMistake(
+            lambda x, w, kept=kept: conv(x[:, :kept].double(), w[:, :kept].double()),
+            DROPPED_CHANNELS_HINT.format(C=C, block=blocks, kept=kept),
+        ))  # fmt: skip
+    for kept, blocks in (_stops(K) if KH * KW > 1 else {}).items():
+        found.append(KnownMistake(
+            lambda x, w, kept=kept: _flat_k_prefix(x, w, stride, padding, dilation, kept),
+            DROPPED_TAPS_HINT.format(K=K, block=blocks, kept=kept),
+        ))  # fmt: skip
+    if not x.is_contiguous():
+        found.append(KnownMistake(
+            lambda x, w: _stored_as_nchw(conv(x.double(), w.double()), x),
+            OUTPUT_STRIDES_HINT,
+        ))  # fmt: skip
     return found
+
+
+def _stops(n: int) -> dict[int, str]:
+    """Where a loop over whole tiles of BLOCK_K stops short of n, for each BLOCK_K that
+    does: {stop: "16 or 32", ...}."""
+    stops: dict[int, list[str]] = {}
+    for block in _BLOCKS:
+        if n % block and n > block:
+            stops.setdefault(n // block * block, []).append(str(block))
+    return {kept: " or ".join(blocks) for kept, blocks in stops.items()}
+
+
+def _stored_as_nchw(result: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """What a kernel leaves in an output allocated in x's memory format when it stores as
+    if the output were NCHW-contiguous: the right values, in the wrong places."""
+    out = torch.empty(result.shape, dtype=result.dtype, device=result.device)
+    out = out.contiguous(memory_format=torch.channels_last) if x.stride(1) == 1 else out
+    memory = out.as_strided((out.numel(),), (1,))
+    memory.copy_(result.contiguous().reshape(-1))
+    return out
 
 
 def _flat_k_prefix(x, w, stride, padding, dilation, kept: int):
@@ -361,7 +390,7 @@ def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
         close = result.relative_error is not None and result.relative_error < 1e-2
         if half and close and all(r.passed for r in full):
             result.hint = FP16_ACCUMULATION_HINT
-        elif case.kind == "channels_last" and not result.passed and contiguous_pass:
+        elif case.kind == "channels_last" and result.hint in vague and contiguous_pass:
             result.hint = STRIDES_IGNORED_HINT
         elif named and result.hint in vague:
             result.hint = named

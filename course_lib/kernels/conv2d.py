@@ -8,9 +8,9 @@ input, and the load's mask, false where a tap falls into the padding, *is* the p
 
 With 16 channels or more, K runs (r, s, c), c innermost: the tap (r, s) is one scalar per
 step, and each row of an A tile is BLOCK_K channels of one input pixel, contiguous in a
-channels-last input. An NCHW input is read in place, its tiles contiguous along the output
-pixels instead: on an H100 that ran about as fast as copying it to channels-last first,
-without the copy's memory. With
+channels-last input. An NCHW input is read in place in the same order, each row of a tile
+then gathered across channel planes H·W apart: on an H100 that ran about as fast as
+copying the input to channels-last first, without the copy's memory. With
 fewer channels (an RGB image) a channel tile would be mostly padding, so K runs (c, r, s),
 each lane a tap of its own, over an NCHW input (copied so where it is channels-last),
 whose tiles are loaded along the pixels that lie side by side. The weight is read as an
@@ -188,6 +188,11 @@ def _largest_power_of_2_dividing(n: int, cap: int = 128) -> int:
     return min(n & -n, cap)
 
 
+def _reach(t: torch.Tensor) -> int:
+    """The farthest offset, in elements, that one image of t (or one filter) spans."""
+    return sum((n - 1) * abs(s) for n, s in zip(t.shape[1:], t.stride()[1:]))
+
+
 def _strides_are(t: torch.Tensor, strides: tuple) -> bool:
     """t has these strides, except along dimensions of size 1, whose stride means nothing."""
     return all(a == b for a, b, n in zip(t.stride(), strides, t.shape) if n > 1)
@@ -238,6 +243,11 @@ def conv2d(
             f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit in the padded "
             f"{H + pt + pb}x{W + pl + pr} input"
         )
+    # a view's offsets reach as far as its strides take them, whatever its element count
+    if _reach(x) >= 2**31:
+        x = x.contiguous()
+    if _reach(weight) >= 2**31:
+        weight = weight.contiguous()
     if max(C * H * W, O * OH * OW, B * OH * OW, O * C * KH * KW) >= 2**31:
         raise ValueError(
             "conv2d: one image, one output image or the weight has 2^31 elements or more, past "
@@ -272,7 +282,7 @@ def conv2d(
         K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=_strides_are(weight, flat),
         HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
     )  # fmt: skip
-    bias_arg = x if bias is None else bias  # never read without HAS_BIAS
+    bias_arg = x if bias is None else bias.contiguous()  # never read without HAS_BIAS
     M = B * OH * OW
     if runtime.INTERPRETED or M * O * C * KH * KW <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
