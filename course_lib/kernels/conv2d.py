@@ -243,6 +243,8 @@ def conv2d(
             f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit in the padded "
             f"{H + pt + pb}x{W + pl + pr} input"
         )
+    # the output takes x's memory format
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     # a view's offsets reach as far as its strides take them, whatever its element count
     if _reach(x) >= 2**31:
         x = x.contiguous()
@@ -253,8 +255,6 @@ def conv2d(
             "conv2d: one image, one output image or the weight has 2^31 elements or more, past "
             "what this kernel's 32-bit offsets address; split the images into tiles"
         )
-    # K's order follows x's densest dimension; the output takes x's memory format
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     out = torch.empty(
         (B, O, OH, OW), dtype=x.dtype, device=x.device,
         memory_format=torch.channels_last if channels_last else torch.contiguous_format,
