@@ -153,6 +153,12 @@ def conv2d(
     return exact.to(x.dtype).contiguous(memory_format=memory_format)
 
 
+def conv2d_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """torch's conv2d output size along one axis: (size + 2·padding − dilation·(kernel − 1) − 1)
+    // stride + 1."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def conv2d_flops(batch: int, out_channels: int, out_h: int, out_w: int, in_channels: int,
                  kh: int, kw: int) -> int:  # fmt: skip
     return 2 * batch * out_channels * out_h * out_w * in_channels * kh * kw

@@ -1247,4 +1247,4 @@ def test_a_conv2d_shape_hint_names_the_formula():
     case = conv2d_checks._cases(62, direct=False)[4]  # stride 2, padding (2, 1), 5x5
     assert case.kwargs == {"stride": 2, "padding": (2, 1)}
     assert "leaves out" not in conv2d_checks._wrong_shape(case, [1, 2, 99, 99])
-    assert conv2d_checks.output_size(12, 5, 2, 2, 1) == 6
+    assert course_lib.references.conv2d_output_size(12, 5, 2, 2, 1) == 6

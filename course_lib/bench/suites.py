@@ -189,7 +189,7 @@ def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
 
         def throughput(point, ms):
             B, C, H, O, k, stride, padding = point
-            side = (H + 2 * padding - k) // stride + 1
+            side = references.conv2d_output_size(H, k, stride, padding, 1)
             return tflop_per_s(references.conv2d_flops(B, O, side, side, C, k, k), ms)
 
         sweep = Sweep(f"conv2d ({layout}), B x C x H x O x k x stride x padding",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -27,33 +26,6 @@ PADDING_HINT = (
     "mask the taps that fall into the padding: (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W), "
     "with other=0.0, so that they add nothing"
 )
-HINTS = Hints(
-    out_of_bounds=(
-        "the last programs run past the output: mask the store with the output pixels "
-        "(< B * OH * OW, or < OH * OW per image) and the output channels (< O)"
-    ),
-    load_out_of_bounds=(
-        "a load of x or the weight reached outside it: " + PADDING_HINT + "; mask the "
-        "channels past C too, and check the strides in each pointer formula"
-    ),
-    read_past_end=(
-        "NaN where the reference is finite: your kernel read outside x or the weight (the "
-        "memory around them holds NaN during a check). "
-        + PADDING_HINT[0].upper()
-        + PADDING_HINT[1:]
-    ),
-    nothing_written="did the kernel store its result? Check tl.store's pointers and the grid",
-    grid_too_small=(
-        "the grid misses the last output pixels: launch triton.cdiv(number of output pixels, "
-        "BLOCK) programs along them, so the last partial block is covered too"
-    ),
-    dtype=(
-        "the output must have x's dtype: allocate it with dtype=x.dtype and store "
-        "acc.to(out_ptr.dtype.element_ty)"
-    ),
-    wrong_values="the values differ from torch's conv2d: check the sum over c, r and s",
-)
-
 STRIDES_IGNORED_HINT = (
     "your kernel reads x as if it were NCHW-contiguous: right for such inputs, wrong for "
     "this channels-last one. Pass x.stride() to the kernel and address "
@@ -115,30 +87,31 @@ DROPPED_TAPS_HINT = (
 _BLOCKS = (16, 32, 64, 128)
 
 
-def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
-    """torch's output size along one axis: (size + 2·padding − dilation·(kernel − 1) − 1)
-    // stride + 1."""
-    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+def _output_hw(x_shape, w_shape, stride, padding, dilation) -> tuple[int, int]:
+    """(OH, OW) of x [B, C, H, W] convolved with w [O, C, kh, kw]."""
+    sizes = zip(x_shape[2:], w_shape[2:], stride, padding, dilation)
+    return tuple(references.conv2d_output_size(*axis) for axis in sizes)
 
 
 def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _params(case: Case) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    kw = case.kwargs
-    return _pair(kw.get("stride", 1)), _pair(kw.get("padding", 0)), _pair(kw.get("dilation", 1))
+def _params(kwargs: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(stride, padding, dilation) as pairs, from a case's keyword arguments."""
+    get = kwargs.get
+    return _pair(get("stride", 1)), _pair(get("padding", 0)), _pair(get("dilation", 1))
 
 
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
     """Name the formula a wrong output shape came from."""
     x, w = case.inputs
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
-    stride, padding, dilation = _params(case)
+    stride, padding, dilation = _params(case.kwargs)
 
     def shape(stride=stride, padding=padding, dilation=dilation, channels=O, sides=2):
-        sizes = [output_size(n + (sides - 2) * p, k, s, p, d) for n, k, s, p, d in
-                 zip((H, W), (KH, KW), stride, padding, dilation)]  # fmt: skip
+        sizes = [references.conv2d_output_size(n + (sides - 2) * p, k, s, p, d)
+                 for n, k, s, p, d in zip((H, W), (KH, KW), stride, padding, dilation)]  # fmt: skip
         return [B, channels, *sizes]
 
     right = shape()
@@ -160,7 +133,33 @@ def _wrong_shape(case: Case, got: list[int]) -> str | None:
     return f"the output is [B, O, OH, OW] with {formula}"
 
 
-HINTS = replace(HINTS, wrong_shape=_wrong_shape)
+HINTS = Hints(
+    out_of_bounds=(
+        "the last programs run past the output: mask the store with the output pixels "
+        "(< B * OH * OW, or < OH * OW per image) and the output channels (< O)"
+    ),
+    load_out_of_bounds=(
+        "a load of x or the weight reached outside it: " + PADDING_HINT + "; mask the "
+        "channels past C too, and check the strides in each pointer formula"
+    ),
+    read_past_end=(
+        "NaN where the reference is finite: your kernel read outside x or the weight (the "
+        "memory around them holds NaN during a check). "
+        + PADDING_HINT[0].upper()
+        + PADDING_HINT[1:]
+    ),
+    nothing_written="did the kernel store its result? Check tl.store's pointers and the grid",
+    grid_too_small=(
+        "the grid misses the last output pixels: launch triton.cdiv(number of output pixels, "
+        "BLOCK) programs along them, so the last partial block is covered too"
+    ),
+    dtype=(
+        "the output must have x's dtype: allocate it with dtype=x.dtype and store "
+        "acc.to(out_ptr.dtype.element_ty)"
+    ),
+    wrong_values="the values differ from torch's conv2d: check the sum over c, r and s",
+    wrong_shape=_wrong_shape,
+)
 
 
 # --- what mistaken kernels compute, for the hints -----------------------------------------
@@ -173,7 +172,7 @@ def _gathered(x, w, stride, padding, dilation, *, strides=None, mask_padding=Tru
     outside x's memory, as the guard bands around it would give."""
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     sB, sC, sH, sW = strides or x.stride()
-    OH, OW = (output_size(*a) for a in zip((H, W), (KH, KW), stride, padding, dilation))
+    OH, OW = _output_hw(x.shape, w.shape, stride, padding, dilation)
     span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()))
     memory = x.as_strided((span,), (1,), x.storage_offset()).double().cpu()
     memory = torch.cat([memory, torch.tensor([math.nan], dtype=torch.float64)])
@@ -198,7 +197,7 @@ def _mistakes(x, w, stride, padding, dilation) -> list[KnownMistake]:
     """The mistakes this case can tell from a right kernel, each with its hint."""
     conv = functools.partial(F.conv2d, stride=stride, padding=padding, dilation=dilation)
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
-    OH, OW = (output_size(*a) for a in zip((H, W), (KH, KW), stride, padding, dilation))
+    OH, OW = _output_hw(x.shape, w.shape, stride, padding, dilation)
     found = [
         KnownMistake(lambda x, w: conv(x.double(), w.double().flip(2, 3)), FLIPPED_HINT),
         KnownMistake(
@@ -293,8 +292,8 @@ def _stored_as_nchw(result: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _flat_k_prefix(x, w, stride, padding, dilation, kept: int):
     """conv2d over the first `kept` taps of K in (c, r, s) order, as a loop over whole
     BLOCK_K steps of a flat K computes it."""
-    (B, _, H, W), (O, _, KH, KW) = x.shape, w.shape
-    OH, OW = (output_size(*a) for a in zip((H, W), (KH, KW), stride, padding, dilation))
+    B, (O, _, KH, KW) = x.shape[0], w.shape
+    OH, OW = _output_hw(x.shape, w.shape, stride, padding, dilation)
     columns = F.unfold(x.double(), (KH, KW), dilation, padding, stride)  # [B, C·kh·kw, L]
     rows = w.double().reshape(O, -1)[:, :kept]
     return (rows @ columns[:, :kept]).reshape(B, O, OH, OW)
@@ -309,8 +308,7 @@ def _case(generator, label, x_shape, w_shape, dtype=torch.float32, channels_last
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     w = random_input(generator, w_shape, dtype)
-    stride, padding, dilation = (_pair(kwargs.get(k, d)) for k, d in
-                                 (("stride", 1), ("padding", 0), ("dilation", 1)))  # fmt: skip
+    stride, padding, dilation = _params(kwargs)
     K = w_shape[1] * w_shape[2] * w_shape[3]
     # tl.dot runs float32 as TF32 on a GPU; a sum of K products rounds like sqrt(K) of them
     tolerance = "tf32" if dtype == torch.float32 and not direct and runtime.MODE == "gpu" else None

@@ -64,7 +64,6 @@ def conv2d_kernel(
     SH, SW, PH, PW, DH, DW,
     KH: tl.constexpr, KW: tl.constexpr,
     CHANNELS_INNER: tl.constexpr,  # K in (r, s, c) order; (c, r, s) otherwise
-    X_PIXELS_INNER: tl.constexpr,  # x is NCHW: its pixels lie side by side
     C_DIVISOR: tl.constexpr,  # a power of two that divides C (up to 128)
     K_DIVISOR: tl.constexpr,  # a power of two that divides C·kh·kw (up to 128)
     W_FLAT: tl.constexpr,  # each weight row w[o] is contiguous in K's order
@@ -120,7 +119,7 @@ def conv2d_kernel(
         if W_FLAT:  # one contiguous run per weight row: the compiler sees it
             w_k = k0 + offs_k
         w_ptrs = w_cols[None, :] + w_k[:, None]  # [BLOCK_K, BLOCK_N]
-        if X_PIXELS_INNER:
+        if not CHANNELS_INNER:  # x is NCHW here
             # loaded as [BLOCK_K, BLOCK_M], so that neighbouring lanes read neighbouring
             # pixels of one channel, which an NCHW image keeps side by side (for the 7x7
             # RGB stem on an H100, 58 TFLOP/s against 39 with lanes along K)
@@ -269,17 +268,19 @@ def conv2d(
         x = x.contiguous()
     # the strides each weight row would have if it were contiguous in K's order
     flat = (KH * KW * C, 1, KW * C, C) if channels_inner else (C * KH * KW, KH * KW, KW, 1)
-    if weight.numel() > MAX_STRIDED_WEIGHT and not _strides_are(weight, flat):
+    w_flat = _strides_are(weight, flat)
+    if weight.numel() > MAX_STRIDED_WEIGHT and not w_flat:
         weight = weight.permute(0, 2, 3, 1) if channels_inner else weight
         weight = weight.contiguous()
         weight = weight.permute(0, 3, 1, 2) if channels_inner else weight
+        w_flat = True
     sizes = (B, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
              *stride, pt, pl, *dilation)  # fmt: skip
     tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
     meta = dict(
-        KH=KH, KW=KW, CHANNELS_INNER=channels_inner, X_PIXELS_INNER=not channels_inner,
+        KH=KH, KW=KW, CHANNELS_INNER=channels_inner,
         C_DIVISOR=_largest_power_of_2_dividing(C),
-        K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=_strides_are(weight, flat),
+        K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=w_flat,
         HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
     )  # fmt: skip
     bias_arg = x if bias is None else bias.contiguous()  # never read without HAS_BIAS
