@@ -162,3 +162,67 @@ def conv2d_output_size(size: int, kernel: int, stride: int, padding: int, dilati
 def conv2d_flops(batch: int, out_channels: int, out_h: int, out_w: int, in_channels: int,
                  kh: int, kw: int) -> int:  # fmt: skip
     return 2 * batch * out_channels * out_h * out_w * in_channels * kh * kw
+
+
+LINEAR_ACTIVATIONS = (None, "relu", "gelu")
+
+
+def linear_activation(z: torch.Tensor, name: str | None) -> torch.Tensor:
+    """One of LINEAR_ACTIVATIONS applied to z; "gelu" is torch's exact one, z·Φ(z)."""
+    if name not in LINEAR_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {LINEAR_ACTIVATIONS}, got {name!r}")
+    if name == "relu":
+        return torch.relu(z)
+    if name == "gelu":
+        return torch.nn.functional.gelu(z)
+    return z
+
+
+def linear_activation_slope(z: torch.Tensor, name: str | None) -> torch.Tensor:
+    """d activation(z) / dz: 1, the step z > 0, or gelu's Φ(z) + z·φ(z)."""
+    if name == "relu":
+        return (z > 0).to(z.dtype)
+    if name == "gelu":
+        pdf = torch.exp(-0.5 * z * z) / (2 * torch.pi) ** 0.5
+        return 0.5 * (1 + torch.erf(z / 2**0.5)) + z * pdf
+    return torch.ones_like(z)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """activation(x @ weight^T + bias) for x [..., in], weight [out, in] and bias [out] or
+    None, computed in float64 and rounded once to x's dtype: [..., out], contiguous.
+
+    With x flattened to [M, in]: reads M·in + out·in + out elements and writes M·out;
+    2·M·in·out floating-point operations. The backward (linear_grads) costs twice that."""
+    z = x.double() @ weight.double().t()
+    if bias is not None:
+        z = z + bias.double()
+    return linear_activation(z, activation).to(x.dtype)
+
+
+def linear_grads(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad_output: torch.Tensor,
+    activation: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(grad_x, grad_weight, grad_bias) of linear for the output's gradient grad_output,
+    in float64 and rounded once to x's dtype. With g = grad_output · activation'(z) and every
+    leading dimension flattened into M rows: grad_x = g @ weight, grad_weight = g^T @ x
+    (summed over all M rows), grad_bias = g summed over the M rows (None without a bias)."""
+    in_features = weight.shape[1]
+    x2d = x.double().reshape(-1, in_features)
+    z = x2d @ weight.double().t()
+    if bias is not None:
+        z = z + bias.double()
+    g = grad_output.double().reshape(z.shape) * linear_activation_slope(z, activation)
+    grad_x = (g @ weight.double()).reshape(x.shape)
+    grad_bias = None if bias is None else g.sum(dim=0).to(x.dtype)
+    return grad_x.to(x.dtype), (g.t() @ x2d).to(x.dtype), grad_bias
+
+
+def linear_flops(rows: int, in_features: int, out_features: int) -> int:
+    """The forward's floating-point operations for rows = every leading dimension of x
+    multiplied together; the backward's two products cost twice as many."""
+    return 2 * rows * in_features * out_features

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib import runtime
+from course_lib import references, runtime
 
 BLOCK_SIZE = 128
 
@@ -1270,3 +1270,192 @@ def conv2d_one_program_per_output(x, weight, stride=1, padding=0):
         x, weight, out, C, H, W, O, KH, KW, SH, SW, PH, PW, OH, OW
     )
     return out
+
+
+# --- lesson 07: Linear --------------------------------------------------------------------
+
+
+@triton.jit
+def linear_variant_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr, z_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, ACT_FIRST: tl.constexpr, BIAS_PER_ROW: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + k[None, :] * stride_ak,
+                    mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)  # fmt: skip
+        b = tl.load(b_ptr + k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                    mask=(k[:, None] < K) & (offs_n[None, :] < N), other=0.0)  # fmt: skip
+        acc = tl.dot(a, b, acc, out_dtype=ACC_DTYPE)
+    if HAS_BIAS and not ACT_FIRST:
+        if BIAS_PER_ROW:  # mistake: bias[m] on row m
+            acc += tl.load(bias_ptr + offs_m, mask=offs_m < N, other=0.0)[:, None]
+        else:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    offs_c = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SAVE_Z:
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    if ACTIVATION == "relu":
+        acc = tl.maximum(acc, 0.0)
+    elif ACTIVATION == "gelu":
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    if HAS_BIAS and ACT_FIRST:  # mistake: the bias after the activation
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    tl.store(c_ptr + offs_c, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
+                   b_strides=None, act_first=False, bias_per_row=False, acc=None):  # fmt: skip
+    """activation(a @ b + bias) (and z) by linear_variant_kernel, each mistake a keyword."""
+    M, K = a.shape
+    N = b.shape[1] if b_strides is None else b.shape[0]
+    M = M if rows is None else rows
+    c = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
+    z = torch.empty_like(c) if save_z else c
+    acc = acc or (tl.float64 if a.dtype == torch.float64 else tl.float32)
+    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+    linear_variant_kernel[grid](
+        a, b, c if bias is None else bias, c, z, M, N, K, *a.stride(),
+        *(b.stride() if b_strides is None else b_strides), *c.stride(),
+        BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, HAS_BIAS=bias is not None,
+        ACTIVATION=activation or "", SAVE_Z=save_z, ACC_DTYPE=acc, ACT_FIRST=act_first,
+        BIAS_PER_ROW=bias_per_row,
+    )  # fmt: skip
+    return (c, z) if save_z else c
+
+
+def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, guide_strides=False,
+                    first_rows=False, keep_2d=False, act=..., **mistake):  # fmt: skip
+    x2d = x.reshape(-1, x.shape[-1])
+    w_t = weight.t()
+    strides = (weight.stride(0), weight.stride(1)) if guide_strides else None
+    rows = x.shape[0] if first_rows else None  # mistake: M = x.shape[0]
+    activation = activation if act is ... else act
+    out = _linear_launch(x2d, weight if guide_strides else w_t, bias, activation, save_z,
+                         rows=rows, b_strides=strides, **mistake)  # fmt: skip
+    y = out[0] if save_z else out
+    if not keep_2d:
+        y = y.reshape(*x.shape[:-1], weight.shape[0])
+    return (y, out[1]) if save_z else y
+
+
+def linear_forward(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation, save_z)
+
+
+def linear_forward_weight_not_transposed(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, guide_strides=True)
+
+
+def linear_forward_bias_per_row(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, bias_per_row=True)
+
+
+def linear_forward_without_bias(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, None, activation)
+
+
+def linear_forward_activation_first(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, act_first=True)
+
+
+def linear_forward_relu_for_gelu(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, act="relu" if activation else None)
+
+
+def linear_forward_rows_of_first_dim(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, first_rows=True)
+
+
+def linear_forward_not_reshaped(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, keep_2d=True)
+
+
+def linear_forward_fp32_accumulator(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, acc=tl.float32)
+
+
+def _product(a, b):
+    return _linear_launch(a, b)
+
+
+def _slope(saved, activation):
+    return references.linear_activation_slope(saved.double(), activation)
+
+
+def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", grad_bias="right",
+                     count=4):  # fmt: skip
+    """A LinearFunction with one mistake in its backward, chosen by keyword."""
+
+    class LinearFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias, activation):
+            x2d = x.reshape(-1, x.shape[-1])
+            y, z = linear_forward(x, weight, bias, activation, save_z=True)
+            ctx.save_for_backward(x2d, weight, z, y)
+            ctx.activation, ctx.x_shape, ctx.has_bias = activation, x.shape, bias is not None
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            x2d, weight, z, y = ctx.saved_tensors
+            g = grad_y.reshape(-1, grad_y.shape[-1])
+            y = y.reshape(len(g), -1)
+            if slope != "none" and ctx.activation is not None:  # mistake "none": no slope
+                g = (g.double() * _slope(y if slope == "y" else z, ctx.activation)).to(g.dtype)
+            rows = ctx.x_shape[0] if "first rows" in (grad_weight, grad_bias) else len(g)
+            gx = _product(g, weight.t() if grad_x == "transposed" else weight)
+            gw = {
+                "right": lambda: _product(g.t(), x2d),
+                "transposed": lambda: _product(x2d.t(), g),
+                "from y": lambda: _product(g.t(), y),
+                "first rows": lambda: _product(g[:rows].t(), x2d[:rows]),
+            }[grad_weight]()
+            gb = None
+            if ctx.has_bias and grad_bias != "none":
+                gb = g.sum(1) if grad_bias == "wrong axis" else g[:rows].sum(0)
+            grads = (gx.reshape(ctx.x_shape), gw, gb, None)
+            return grads[:count]
+
+    def apply(x, weight, bias=None, activation=None):
+        return LinearFunction.apply(x, weight, bias, activation)
+
+    apply.__name__ = apply.__qualname__ = name
+    return apply
+
+
+linear_autograd = _linear_function("linear_autograd")
+linear_autograd_without_slope = _linear_function("linear_autograd_without_slope", slope="none")
+linear_autograd_slope_at_output = _linear_function("linear_autograd_slope_at_output", slope="y")
+linear_autograd_grad_x_transposed = _linear_function(
+    "linear_autograd_grad_x_transposed", grad_x="transposed"
+)
+linear_autograd_grad_weight_transposed = _linear_function(
+    "linear_autograd_grad_weight_transposed", grad_weight="transposed"
+)
+linear_autograd_grad_weight_from_y = _linear_function(
+    "linear_autograd_grad_weight_from_y", grad_weight="from y"
+)
+linear_autograd_rows_of_first_dim = _linear_function(
+    "linear_autograd_rows_of_first_dim", grad_weight="first rows", grad_bias="first rows"
+)
+linear_autograd_bias_wrong_axis = _linear_function(
+    "linear_autograd_bias_wrong_axis", grad_bias="wrong axis"
+)
+linear_autograd_no_bias_gradient = _linear_function(
+    "linear_autograd_no_bias_gradient", grad_bias="none"
+)
+linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradients", count=3)
+
+
+def linear_autograd_without_function(x, weight, bias=None, activation=None):
+    """The guide's belief: a Triton kernel differentiates itself."""
+    return linear_forward(x, weight, bias, activation)

@@ -13,7 +13,7 @@ from course_lib.checks import transpose as transpose_check
 from course_lib.checks.engine import CheckFailed, CheckResult
 from course_lib.checks.guard import GuardedArena, guarded_copy, is_poison, poison_
 from course_lib.checks.tolerances import TOLERANCES
-from course_lib.kernels import add_2d, conv2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import add_2d, conv2d, linear, matmul, relu, softmax, vector_add
 
 
 def _failure(check, fn) -> str:
@@ -30,10 +30,14 @@ FINISHED = [
     (course_lib.check_softmax, softmax.softmax),
     (course_lib.check_matmul, matmul.matmul),
     (course_lib.check_conv2d, conv2d.conv2d),
+    (course_lib.check_linear_forward, linear.linear),
+    (course_lib.check_linear, linear.linear),
 ]
 
 
-@pytest.mark.parametrize(("check", "fn"), FINISHED, ids=[f.__name__ for _, f in FINISHED])
+@pytest.mark.parametrize(
+    ("check", "fn"), FINISHED, ids=[f"{c.__name__}-{f.__name__}" for c, f in FINISHED]
+)
 def test_finished_kernels_pass_with_one_deterministic_line(check, fn, capsys):
     result = check(fn)
     out = capsys.readouterr().out
@@ -1248,3 +1252,130 @@ def test_a_conv2d_shape_hint_names_the_formula():
     assert case.kwargs == {"stride": 2, "padding": (2, 1)}
     assert "leaves out" not in conv2d_checks._wrong_shape(case, [1, 2, 99, 99])
     assert course_lib.references.conv2d_output_size(12, 5, 2, 2, 1) == 6
+
+
+# --- lesson 07 ----------------------------------------------------------------------------
+
+from course_lib.checks import linear as linear_checks  # noqa: E402
+
+# the hints that name a mistake, by family: a report may show its own family's, no other
+LINEAR_FAMILIES = {
+    "transpose": ["as if it were [in_features, out_features]"],
+    "bias": ["the bias is missing", "the bias went along the wrong axis"],
+    "order": ["the activation came before the bias"],
+    "activation": ["where activation="],
+    "leading": ["x has leading dimensions"],
+    "float64": ["not to float64's precision"],
+    "slope": ["the activation's derivative is missing"],
+    "saved": ["derivative was taken at the output", "multiplies by the layer's input x"],
+    "grad_x": ["grad_x = gz @ weight"],
+    "grad_weight": ["grad_weight came out transposed"],
+    "grad_bias": ["grad_bias was summed along the wrong axis"],
+    "shape": ["has the wrong shape"],
+    "function": ["the result carries no gradient"],
+    "count": ["one value per argument of forward"],
+    "missing": ["backward must return a gradient"],
+}
+SQUARE = "weight [48, 48]"
+LINEAR_MISTAKES = [
+    # broken layer, a case it fails, the hint under that case, the families it may show
+    (broken.linear_forward_weight_not_transposed, "(square weight)",
+     "as if it were [in_features, out_features]", {"transpose"}),
+    (broken.linear_forward_weight_not_transposed, "(in > out)",
+     "as if it were [in_features, out_features]", {"transpose"}),
+    (broken.linear_forward_bias_per_row, "(in > out)", "the bias went along the wrong axis",
+     {"bias"}),
+    (broken.linear_forward_without_bias, "(out > in)", "the bias is missing", {"bias"}),
+    (broken.linear_forward_activation_first, "(out > in)", "the activation came before",
+     {"order"}),
+    (broken.linear_forward_relu_for_gelu, "(square weight)",
+     "you applied relu where activation='gelu'", {"activation"}),
+    (broken.linear_forward_rows_of_first_dim, "(leading dimensions [2, 5])",
+     "x has leading dimensions", {"leading"}),
+    (broken.linear_forward_not_reshaped, "(leading dimensions [2, 5])",
+     "x has leading dimensions", {"leading"}),
+    (broken.linear_autograd_without_slope, f"{SQUARE} (square: M = in = out), "
+     "activation='gelu', float32: grad_bias", "the activation's derivative is missing",
+     {"slope"}),
+    (broken.linear_autograd_slope_at_output, "activation='gelu', float32: grad_x",
+     "derivative was taken at the output", {"saved"}),
+    (broken.linear_autograd_grad_x_transposed, f"{SQUARE} (square: M = in = out), "
+     "activation='gelu', float32: grad_x", "grad_x = gz @ weight", {"grad_x"}),
+    (broken.linear_autograd_grad_x_transposed, "(in > out), activation=None, float32: grad_x",
+     "grad_x = gz @ weight", {"grad_x"}),
+    (broken.linear_autograd_grad_weight_transposed, f"{SQUARE} (square: M = in = out), "
+     "activation='gelu', float32: grad_weight", "grad_weight came out transposed",
+     {"grad_weight"}),
+    (broken.linear_autograd_grad_weight_transposed, "(in > out), activation=None, float32: "
+     "grad_weight", "grad_weight came out transposed", {"grad_weight"}),
+    (broken.linear_autograd_grad_weight_from_y, f"{SQUARE} (square: M = in = out), "
+     "activation='gelu', float32: grad_weight", "multiplies by the layer's input x",
+     {"saved"}),
+    (broken.linear_autograd_rows_of_first_dim, "(leading dimensions [2, 5]), "
+     "activation='relu', float32: grad_bias", "x has leading dimensions", {"leading"}),
+    (broken.linear_autograd_bias_wrong_axis, "(in > out), activation=None, float32: grad_bias",
+     "grad_bias was summed along the wrong axis", {"grad_bias"}),
+    (broken.linear_autograd_no_bias_gradient, "float32: grad_bias",
+     "backward must return a gradient", {"missing"}),
+    (broken.linear_autograd_three_gradients, "float32: grad_x",
+     "one value per argument of forward", {"count"}),
+    (broken.linear_autograd_without_function, "float32: grad_weight",
+     "the result carries no gradient", {"function"}),
+]  # fmt: skip
+if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float64 tiles
+    LINEAR_MISTAKES.append((broken.linear_forward_fp32_accumulator, "float64",
+                            "not to float64's precision", {"float64"}))  # fmt: skip
+
+
+@functools.cache
+def _linear_failure(fn) -> str:
+    """The report of a failing Linear check, run once for all the tests that read it."""
+    check = (
+        course_lib.check_linear if "autograd" in fn.__name__ else course_lib.check_linear_forward
+    )
+    return _failure(check, fn)
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "families"),
+    LINEAR_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(LINEAR_MISTAKES)],
+)
+def test_linear_checks_name_the_mistake_and_no_other(fn, case, hint, families):
+    report = _linear_failure(fn)
+    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
+    assert re.search(case_then_hint, report), report
+    hints = re.findall(r"hint: (.*)", report)
+    for family, texts in LINEAR_FAMILIES.items():
+        if family not in families:
+            assert not any(t in h for h in hints for t in texts), (family, report)
+
+
+def test_linear_checks_cover_the_awkward_cases():
+    forward = [c.label for c in linear_checks._forward_cases(17)]
+    autograd = [c.label for _, c in linear_checks._autograd_cases(19)]
+    for labels in (forward, autograd):
+        joined = " | ".join(labels)
+        for needed in ("leading dimensions", "bias=None", "'relu'", "'gelu'", "None",
+                       "float16", "float64"):  # fmt: skip
+            assert needed in joined, needed
+    assert any("x a transposed view" in label for label in forward)
+    assert {label.rsplit(": ", 1)[1] for label in autograd} == {
+        "y",
+        "grad_x",
+        "grad_weight",
+        "grad_bias",
+    }
+
+
+def test_the_linear_check_sends_a_random_output_gradient():
+    """The guide's test, y.sum().backward(), sends ones: a forward that adds a constant to
+    every output would still get right gradients. The check's are random."""
+    for _, case in linear_checks._autograd_cases(19):
+        grad_output = case.inputs[-1]
+        assert grad_output.std() > 0.5 and not torch.all(grad_output == grad_output.flatten()[0])
+
+
+def test_the_right_learner_layers_pass_both_linear_checks():
+    course_lib.check_linear_forward(broken.linear_forward)
+    course_lib.check_linear(broken.linear_autograd)

@@ -264,6 +264,24 @@ def test_tma_matmul_matches_float64(dtype, b_layout):
         assert torch.equal(relu, torch.relu(c)), (m, n, k)
 
 
+@needs_tma
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tma_matmul_takes_an_m_major_a_and_a_bias(dtype, activation):
+    # lesson 07's Linear: grad_weight = g^T @ x reads g^T, M-major; the forward adds a bias
+    # and an activation in the epilogue. N a multiple of 8 keeps C's rows 16 bytes apart
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "WARP_SPECIALIZE": False}
+    for m, n, k in TMA_SHAPES:
+        a = fast.padded_copy(torch.randn(m, k, device=DEVICE).to(dtype), contiguous_axis=0)
+        b = fast.padded_copy(torch.randn(k, n, device=DEVICE).to(dtype), contiguous_axis=1)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        c = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+        fast.tma_matmul(a, b, c, activation, config=config, bias=bias)
+        exact = references.linear_activation(a.double() @ b.double() + bias.double(), activation)
+        tol = tolerance_for(dtype)
+        torch.testing.assert_close(c.double(), exact, rtol=tol.rtol, atol=tol.rtol * k**0.5)
+
+
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's fixed config")
 def test_tma_matmul_runs_without_a_config_in_the_interpreter():
     a = fast.padded_copy(torch.randn(70, 45), contiguous_axis=1)
@@ -282,8 +300,8 @@ def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
         fast.tma_matmul(a, b, c)
     with pytest.raises(ValueError, match=r"b \(strides \[8, 1\].*16-byte aligned address"):
         fast.tma_matmul(a[:, :4].contiguous(), torch.randn(33, device=DEVICE)[1:].view(4, 8), c)
-    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
-        fast.tma_matmul(a[:, :4].contiguous(), b[:4], c, "gelu")
+    with pytest.raises(ValueError, match="activation must be None, 'relu' or 'gelu'"):
+        fast.tma_matmul(a[:, :4].contiguous(), b[:4], c, "tanh")
     with pytest.raises(ValueError, match="has an empty axis"):
         fast.tma_matmul(a[:0], b, c[:0])
 
@@ -300,7 +318,8 @@ def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
 
     a, b = torch.randn(64, 48).to(f16), torch.randn(48, 32).to(f16)
     assert suits(a, b) and suits(a, b.t().contiguous().t())  # B row-major or K-major
-    assert not suits(a.t().contiguous().t(), b)  # A column-major
+    assert suits(a.t().contiguous().t(), b)  # A column-major: tiles of A^T, transposed
+    assert not suits(torch.randn(48, 64).t(), torch.randn(48, 32).t().contiguous().t(), tf32=True)
     assert not suits(torch.randn(64, 49).to(f16)[:, 1:], b)  # starts 2 bytes in
     assert not suits(a, b[:1].expand(48, 32))  # rows on top of each other
     assert not suits(a, torch.randn(48, 36).to(f16))  # C's rows 72 bytes apart

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from course_lib import DEVICE, bench, runtime
-from course_lib.kernels import _launch, add_2d, conv2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import _launch, add_2d, conv2d, linear, matmul, relu, softmax, vector_add
 from course_lib.kernels import matmul_fast_paths as fast
 
 
@@ -183,6 +183,13 @@ def _host_cases():
             "conv2d, RGB",
             conv2d.conv2d,
             (torch.randn(2, 3, 32, 32, **f16), torch.randn(16, 3, 7, 7, **f16)),
+            False,
+        ),
+        # a layer's inference: one launch, the bias and GELU fused
+        (
+            "linear, GELU",
+            lambda x, w, b: linear.linear(x, w, b, "gelu"),
+            (torch.randn(64, 96, **f16), torch.randn(80, 96, **f16), torch.randn(80, **f16)),
             False,
         ),
     ]

@@ -21,7 +21,7 @@ from course_lib.bench.sweep import (
     run_sweep,
 )
 from course_lib.bench.timing import tflop_per_s
-from course_lib.kernels import add_2d, conv2d, matmul, relu, softmax, vector_add
+from course_lib.kernels import add_2d, conv2d, linear, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
 SIZES = [1 << p for p in (12, 14, 16, 18)] + [1 << p for p in range(20, 29)]
@@ -201,6 +201,70 @@ def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         yield sweep
 
 
+# (rows, in_features, out_features): a large layer, a small one where the host's cost of
+# three launches and autograd shows, and a transformer MLP's first layer, [8, 512, 768] -> 3072
+LARGE_LAYER = (8192, 4096, 4096)
+LINEAR_SHAPES = [LARGE_LAYER, (1024, 1024, 1024), (8 * 512, 768, 3072)]
+LINEAR_TARGETS = [Target("torch", 0.95, _at(LARGE_LAYER), f"at {label(LARGE_LAYER)}")]
+FUSED_GELU_TARGETS = [
+    Target("torch", 1.2, lambda point: True, "at every shape (linear, then gelu)"),
+    Target("torch.compile", 1.0, lambda point: True, "at every shape"),
+]
+
+
+def _layer_inputs(point, dtype, requires_grad):
+    rows, in_features, out_features = point
+    make = lambda *shape: torch.randn(*shape, device=runtime.DEVICE, dtype=dtype)
+    x, weight = make(rows, in_features), make(out_features, in_features) / in_features**0.5
+    bias = make(out_features)
+    leaves = [t.requires_grad_(requires_grad) for t in (x, weight, bias)]
+    return (*leaves, make(rows, out_features)) if requires_grad else leaves
+
+
+def _forward_backward(forward):
+    """One training step's work of a layer: y = forward(x, weight, bias), then the three
+    gradients for the output's gradient g; returns grad_weight, for the check."""
+
+    def step(x, weight, bias, g):
+        y = forward(x, weight, bias)
+        return torch.autograd.grad(y, (x, weight, bias), g)[1]
+
+    return step
+
+
+def linear_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """bf16 Linear layers: forward and backward against nn.Linear's (cuBLAS, through
+    autograd on both sides), and the forward with a fused GELU against torch's linear then
+    gelu, eager and compiled. TFLOP/s from the products' flops: three products for a
+    forward and backward, one for a forward."""
+    dtype = torch.bfloat16
+    ceiling = matmul_peak(dtype)
+    sides = {"forward + backward": (3, True), "forward, fused GELU": (1, False)}
+    for name, (products, requires_grad) in sides.items():
+
+        def throughput(point, ms, products=products):
+            return tflop_per_s(products * references.linear_flops(*point), ms)
+
+        def make_inputs(point, requires_grad=requires_grad):
+            return _layer_inputs(point, dtype, requires_grad)
+
+        sweep = Sweep(f"linear, {name}, rows x in x out", dtype, ceiling, unit="TFLOP/s",
+                      ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+        if requires_grad:
+            kernel = _forward_backward(linear.linear)
+            baselines = {"torch": _forward_backward(torch.nn.functional.linear)}
+            sweep.targets = LINEAR_TARGETS
+        else:
+            eager = lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))
+            kernel = lambda x, w, b: linear.linear(x, w, b, "gelu")
+            # the product alone, without its GELU: what a fused kernel could at best match
+            # if its product were as fast as cuBLAS's
+            baselines = {"torch": eager, "torch.compile": torch.compile(eager, dynamic=False),
+                         "torch linear alone": torch.nn.functional.linear}  # fmt: skip
+            sweep.targets = FUSED_GELU_TARGETS
+        yield run_sweep(sweep, kernel, baselines, LINEAR_SHAPES, make_inputs, throughput, 3)
+
+
 SUITES = {
     "add": vector_add_suite,
     "relu": relu_suite,
@@ -208,4 +272,5 @@ SUITES = {
     "softmax": softmax_suite,
     "matmul": matmul_suite,
     "conv2d": conv2d_suite,
+    "linear": linear_suite,
 }

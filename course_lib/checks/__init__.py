@@ -15,6 +15,7 @@ from course_lib.checks.engine import (
     ExerciseNotDone,
     Problem,
 )
+from course_lib.checks.linear import check_linear, check_linear_forward
 from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
 from course_lib.checks.softmax import (
     check_softmax,
@@ -34,6 +35,8 @@ __all__ = [
     "check_conv2d",
     "check_conv2d_direct",
     "check_leaky_relu",
+    "check_linear",
+    "check_linear_forward",
     "check_matmul",
     "check_matmul_bias_act",
     "check_matmul_grouped",

@@ -166,6 +166,9 @@ class Hints:
     # where the output's shape is wrong: (case, the shape returned) -> a hint naming the
     # likely mistake, or None for the plain "allocate the output with shape ..."
     wrong_shape: Callable[[Case, list[int]], str | None] | None = None
+    # where the call raised: (the error's type, its last line) -> a hint naming the likely
+    # mistake, or None for the plain "read the error above"
+    raised: Callable[[str, str], str | None] | None = None
 
 
 PROBLEM_KINDS = (
@@ -329,6 +332,7 @@ def run_check(
 
 CONTEXT_LOST = "the GPU stopped your kernel: an illegal memory access"
 NOT_RUN_YET = "not run until every case above passes"
+RAISED_HINT = "read the error above: it happened inside your launcher or kernel"
 NO_LAUNCH_HINT = (
     "the result came from PyTorch, not from a kernel of yours: launch your kernel with "
     "kernel[grid](...) and return the tensor it wrote"
@@ -509,7 +513,8 @@ def _explain_error(error: dict, result: CaseResult, hints: Hints) -> None:
     result.problems.append(Problem(raised, "raised"))
     if error.get("where"):
         result.problems.append(Problem(f"at {error['where']}"[:400], "raised"))
-    result.hint = "read the error above: it happened inside your launcher or kernel"
+    named = hints.raised and hints.raised(str(error.get("type")), str(error.get("last_line")))
+    result.hint = named or RAISED_HINT
 
 
 def _learners_frame(error: BaseException):

@@ -65,14 +65,30 @@ def matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)  # [BLOCK_K]
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak  # [BM, BK]
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn  # [BK, BN]
+    acc = dot_over_k(
+        a_ptrs, b_ptrs, K, stride_ak, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION,
+        tl.float32,  # fp32 whatever the inputs
+    )  # fmt: skip
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    store_tile(c_ptrs, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N), ACTIVATION)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # fp32 whatever the inputs
+
+@triton.jit
+def dot_over_k(
+    a_ptrs, b_ptrs, K, stride_ak, stride_bk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """The sum over K of A's [BLOCK_M, BLOCK_K] tiles at a_ptrs times B's [BLOCK_K, BLOCK_N]
+    tiles at b_ptrs, each step moving both BLOCK_K along K, in an ACC_DTYPE accumulator."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     # the whole steps of K, unmasked: a mask that varies along K, the contiguous axis of a
     # row-major A, would stop the compiler from loading 16 bytes at a time
     for _ in range(0, K // BLOCK_K):
         a = tl.load(a_ptrs)
         b = tl.load(b_ptrs)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=ACC_DTYPE)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     # the last step overhangs K unless BLOCK_K divides it: load zeros past the end there,
@@ -81,10 +97,8 @@ def matmul_kernel(
     if k_left > 0:
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    store_tile(c_ptrs, acc, (offs_m[:, None] < M) & (offs_n[None, :] < N), ACTIVATION)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION, out_dtype=ACC_DTYPE)
+    return acc
 
 
 @triton.jit
@@ -122,9 +136,18 @@ def grouped_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 @triton.jit
 def store_tile(c_ptrs, acc, mask, ACTIVATION: tl.constexpr):
-    if ACTIVATION == "relu":  # fused epilogue: applied in registers, before the one store
-        acc = tl.maximum(acc, 0.0)
-    tl.store(c_ptrs, acc.to(c_ptrs.dtype.element_ty), mask=mask)
+    # fused epilogue: the activation applied in registers, before the one store
+    tl.store(c_ptrs, activate(acc, ACTIVATION).to(c_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def activate(x, ACTIVATION: tl.constexpr):
+    """x, its ReLU, or torch's exact GELU, x * Phi(x) with Phi the normal CDF (lesson 07)."""
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "gelu":
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    return x
 
 
 # the precision is in the key: a config that fits for exact fp32 can need more shared

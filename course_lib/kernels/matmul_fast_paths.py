@@ -28,6 +28,7 @@ from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_PRODUCT,
+    activate,
     grouped_tile,
     lesson_launch,
     store_tile,
@@ -228,10 +229,11 @@ def _round_to_tf32(x):
 
 @triton.jit
 def tma_matmul_kernel(
-    a_desc, b_desc, c_desc, M, N, K,
+    a_desc, b_desc, c_desc, bias_ptr, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    ACTIVATION: tl.constexpr, INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
+    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, A_M_MAJOR: tl.constexpr,
+    B_K_MAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
     """matmul_kernel rebuilt for Hopper GPUs: persistent, with tiles moved by the TMA engine.
 
@@ -240,7 +242,10 @@ def tma_matmul_kernel(
     carry shapes and strides: the TMA unit copies whole tiles into shared memory on its
     own, fills what lies past an edge with zeros and clips stores at the edges, so the
     kernel needs no pointers and no masks. A row-major B is loaded as [BLOCK_K, BLOCK_N]
-    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T. Either WARP_SPECIALIZE,
+    tiles, a K-major one (B_K_MAJOR) as [BLOCK_N, BLOCK_K] tiles of B^T; likewise an A with
+    M contiguous (A_M_MAJOR, a Linear layer's g^T in grad_weight = g^T @ x) as tiles of A^T.
+    The epilogue adds bias[n] to column n where HAS_BIAS, then the activation (lesson 07's
+    Linear). Either WARP_SPECIALIZE,
     some warps only loading while the others compute, or `flatten`, the two loops merged
     so that loads for the next tile start while this one finishes: Hopper's compiler does
     not promise both at once. DTYPE is there for the autotuner's key only: descriptors do
@@ -255,11 +260,13 @@ def tma_matmul_kernel(
         row, col = pid_m * BLOCK_M, pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            a = a_desc.load([row, k])
+            a = a_desc.load([k, row]).T if A_M_MAJOR else a_desc.load([row, k])
             b = b_desc.load([col, k]).T if B_K_MAJOR else b_desc.load([k, col])
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        if ACTIVATION == "relu":
-            acc = tl.maximum(acc, 0.0)
+        if HAS_BIAS:
+            offs_n = col + tl.arange(0, BLOCK_N)
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        acc = activate(acc, ACTIVATION)
         # stored in two halves [BLOCK_M, BLOCK_N // 2]: a store goes through shared memory,
         # and a whole 128 x 256 tile there would leave too little room for the loads
         halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
@@ -271,7 +278,7 @@ def tma_matmul_kernel(
 def _set_block_shapes(args: dict) -> None:
     """Make the descriptors' tile shapes those of the config about to run."""
     block_m, block_n, block_k = args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_K"]
-    args["a_desc"].block_shape = [block_m, block_k]
+    args["a_desc"].block_shape = [block_k, block_m] if args["A_M_MAJOR"] else [block_m, block_k]
     args["b_desc"].block_shape = [block_n, block_k] if args["B_K_MAJOR"] else [block_k, block_n]
     args["c_desc"].block_shape = [block_m, block_n // 2]
 
@@ -281,7 +288,7 @@ tf32_b_first_autotuned = triton.autotune(
 )(tf32_b_first_kernel)
 tma_matmul_autotuned = triton.autotune(
     configs=tile_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
-    key=["M", "N", "K", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
+    key=["M", "N", "K", "A_M_MAJOR", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
 )(tma_matmul_kernel)
 # each kernel[grid], lean: see _launch.py
 b_first_launcher = LeanLauncher(tf32_b_first_kernel)
@@ -292,14 +299,15 @@ tma_autotuned_launcher = LeanLauncher(tma_matmul_autotuned)
 
 def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
     """Whether tma_matmul_kernel takes this product: on the GPUs in TMA_GPUS, for fp16 and
-    bf16, and for TF32 with a K-major B only (TF32 reads both tiles K-major from shared
-    memory; a row-major B goes to tf32_b_first_kernel), with A's K axis contiguous and
-    every matrix meeting the TMA unit's rules: 16-byte aligned, rows too."""
+    bf16 with either axis of A or B contiguous, and for TF32 with K contiguous in both
+    (TF32 reads both tiles K-major from shared memory; a row-major B goes to
+    tf32_b_first_kernel), every matrix meeting the TMA unit's rules: 16-byte aligned,
+    rows too."""
     if runtime.INTERPRETED or _capability(a.get_device()) not in TMA_GPUS:
         return False
-    if a.dtype == torch.float32 and not (tf32 and _column_major(b)):
+    if a.dtype == torch.float32 and not (tf32 and _column_major(b) and not _column_major(a)):
         return False
-    return not (_tma_rule_broken(a) or _tma_rule_broken(_by_rows(b)) or _tma_rule_broken(c))
+    return not any(_tma_rule_broken(t) for t in (_by_rows(a), _by_rows(b), c))
 
 
 def _column_major(t: torch.Tensor) -> bool:
@@ -308,9 +316,10 @@ def _column_major(t: torch.Tensor) -> bool:
     return row_stride == 1 and col_stride != 1
 
 
-def _by_rows(b: torch.Tensor) -> torch.Tensor:
-    """b as the TMA unit reads it: itself when row-major, b^T [N, K] when K-major."""
-    return b.t() if _column_major(b) else b
+def _by_rows(t: torch.Tensor) -> torch.Tensor:
+    """An operand as the TMA unit reads it: itself when row-major, its transpose when its
+    first axis is contiguous (a K-major B, an M-major A)."""
+    return t.t() if _column_major(t) else t
 
 
 def _tma_rule_broken(t: torch.Tensor) -> str | None:
@@ -339,27 +348,27 @@ def tma_available() -> bool:
 
 def tma_matmul(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None = None,
-    input_precision: str = "ieee", config: dict | None = None,
+    input_precision: str = "ieee", config: dict | None = None, bias: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """c = a @ b through tma_matmul_kernel: autotuned on a GPU, or with `config` (BLOCK_M,
-    BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and num_stages).
-    a and c need their last axis contiguous, b either axis, each with rows a multiple of
-    16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
-    _tma_rule_broken). Shapes and dtypes are not checked here: matmul checks them."""
+    """c = activation(a @ b + bias) through tma_matmul_kernel: autotuned on a GPU, or with
+    `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and
+    num_stages). c needs its last axis contiguous, a and b either axis, each with rows a
+    multiple of 16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
+    _tma_rule_broken); activation is None, "relu" or "gelu", and bias a contiguous [N] or
+    None. Shapes and dtypes are not checked here: matmul checks them."""
     if not tma_available():
         raise RuntimeError(
             "tma_matmul needs a GPU with a TMA unit (Hopper or later) or the interpreter; "
             "use matmul, which picks the kernel that suits the GPU"
         )
-    if activation not in (None, "relu") or input_precision not in ("ieee", "tf32"):
+    if activation not in (None, "relu", "gelu") or input_precision not in ("ieee", "tf32"):
         raise ValueError(
-            "tma_matmul: activation must be None or 'relu' and input_precision 'ieee' or "
-            f"'tf32'; got {activation!r} and {input_precision!r}"
+            "tma_matmul: activation must be None, 'relu' or 'gelu' and input_precision 'ieee' "
+            f"or 'tf32'; got {activation!r} and {input_precision!r}"
         )
     if 0 in (*a.shape, *b.shape):
         raise ValueError(f"tma_matmul: a {list(a.shape)} @ b {list(b.shape)} has an empty axis")
-    b_rows = _by_rows(b)
-    for name, t in (("a", a), ("b", b_rows), ("c", c)):
+    for name, t in (("a", _by_rows(a)), ("b", _by_rows(b)), ("c", c)):
         if rule := _tma_rule_broken(t):
             raise ValueError(
                 f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks a rule of "
@@ -367,32 +376,36 @@ def tma_matmul(
             )
     if config is None and runtime.INTERPRETED:  # nothing to time there
         config = {**INTERPRETER_CONFIG, "WARP_SPECIALIZE": False}
-    _tma_launch_for(a, b, c, activation or "", input_precision, config)(a, b, c)
+    _tma_launch_for(a, b, c, activation or "", input_precision, config, bias is not None)(
+        a, b, c, bias
+    )
 
 
-def _tma_launch_for(a, b, c, activation: str, precision: str, config: dict | None) -> Callable:
+def _tma_launch_for(
+    a, b, c, activation: str, precision: str, config: dict | None, has_bias: bool = False
+) -> Callable:
     """tma_matmul without its checks, for operands laid out like a, b and c: a function of
-    (a, b, c) that builds the three descriptors and launches."""
-    b_k_major = _column_major(b)
+    (a, b, c, bias=None) that builds the three descriptors and launches."""
+    a_m_major, b_k_major = _column_major(a), _column_major(b)
     (M, K), N = a.shape, c.shape[1]
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
     meta = dict(
-        NUM_SMS=num_sms, B_K_MAJOR=b_k_major,
+        NUM_SMS=num_sms, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=has_bias,
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
     )  # fmt: skip
     grid = lambda m: (min(num_sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
     launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
     meta = meta if config is None else config | meta
 
-    def launch(a, b, c):
+    def launch(a, b, c, bias=None):
         descs = {
-            "a_desc": _descriptor(a),
+            "a_desc": _descriptor(a.t() if a_m_major else a),
             "b_desc": _descriptor(b.t() if b_k_major else b),
             "c_desc": _descriptor(c),
         }
         if config is not None:  # the autotuner's pre_hook does this for each config it runs
             _set_block_shapes(descs | meta)
-        launcher(*descs.values(), M, N, K, **meta)
+        launcher(*descs.values(), c if bias is None else bias, M, N, K, **meta)
 
     return launch
 

@@ -1,0 +1,495 @@
+"""Checks for lesson 07: a Linear layer's forward, then its forward and backward together.
+
+`check_linear_forward(fn)` calls `fn(x, weight, bias, activation=...)` like any launcher.
+`check_linear(fn)` checks y = fn(x, weight, bias, activation=...) and each of its gradients
+as a case of its own: for the gradient of x, only x requires one (so a backward that
+follows ctx.needs_input_grad is checked doing so), and the output's gradient is random,
+never the ones that `y.sum().backward()` would send, which no forward mistake can change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from course_lib import references, runtime
+from course_lib.checks.engine import (
+    RAISED_HINT,
+    Case,
+    CaseResult,
+    CheckResult,
+    KnownMistake,
+    case_generator,
+    random_input,
+    run_check,
+)
+from course_lib.checks.matmul import (
+    ACTIVATION_FIRST_HINT,
+    BIAS_MISSING_HINT,
+    BIAS_PER_ROW_HINT,
+)
+from course_lib.checks.matmul import HINTS as MATMUL_HINTS
+
+W_NOT_TRANSPOSED_HINT = (
+    "you multiplied by weight as if it were [in_features, out_features]: y = x @ weight^T, "
+    "and weight is [out_features, in_features]. Read weight^T in place through its strides, "
+    "stride_bk = weight.stride(1) and stride_bn = weight.stride(0). With a square weight "
+    "the swap reads only real values and returns x @ weight; with any other it reads past "
+    "the weight's end"
+)
+LEADING_DIMS_HINT = (
+    "x has leading dimensions: flatten all of them into the rows of the product, "
+    "x2d = x.reshape(-1, in_features), so that M = x2d.shape[0] (not x.shape[0]), and "
+    "return y reshaped to (*x.shape[:-1], out_features)"
+)
+FLOAT64_HINT = (
+    "close, but not to float64's precision: accumulate float64 inputs in float64, "
+    "acc = tl.zeros(..., dtype=ACC_DTYPE) and tl.dot(a, b, acc, out_dtype=ACC_DTYPE) with "
+    "ACC_DTYPE = tl.float64 for them, or gradcheck fails"
+)
+WRONG_ACTIVATION_HINT = (
+    "the bias is right, but you applied {got} where activation={asked!r} was asked: compare "
+    'ACTIVATION with each name in its own branch (if ACTIVATION == "relu": ... elif '
+    'ACTIVATION == "gelu": ...), and leave acc as it is for None'
+)
+NO_SLOPE_HINT = (
+    "the activation's derivative is missing: the gradient reaching the product is "
+    "gz = grad_y * activation'(z), and grad_x, grad_weight and grad_bias all use gz"
+)
+SLOPE_AT_OUTPUT_HINT = (
+    "gelu's derivative was taken at the output y = gelu(z): it needs the pre-activation z, "
+    "so forward must save z (linear_forward(..., save_z=True)), not y. (ReLU may use y: it "
+    "is positive exactly where z is)"
+)
+GRAD_X_TRANSPOSED_HINT = (
+    "grad_x = gz @ weight, with weight [out_features, in_features] read as it is: you used "
+    "weight^T, which only a square layer lets through"
+)
+GRAD_WEIGHT_TRANSPOSED_HINT = (
+    "grad_weight came out transposed: it is gz^T @ x, [out_features, in_features] like "
+    "weight, not x^T @ gz"
+)
+GRAD_WEIGHT_FROM_Y_HINT = (
+    "grad_weight = gz^T @ x multiplies by the layer's input x, which forward must save "
+    "(ctx.save_for_backward), not by its output y"
+)
+BIAS_AXIS_HINT = (
+    "grad_bias was summed along the wrong axis: bias[n] is added to every row, so its "
+    "gradient sums gz over the rows, one value per column: [out_features]"
+)
+NO_GRADIENT_HINT = (
+    "the result carries no gradient: a Triton kernel's output has none of its own. Return "
+    "LinearFunction.apply(x, weight, bias, activation), whose backward supplies it"
+)
+MISSING_GRADIENT_HINT = (
+    "backward must return a gradient for each input that needs one (ctx.needs_input_grad), "
+    "in forward's argument order: grad_x, grad_weight, grad_bias, then None for activation"
+)
+GRADIENT_COUNT_HINT = (
+    "backward returns one value per argument of forward, in order: grad_x, grad_weight, "
+    "grad_bias and None for activation, which has no gradient"
+)
+GRADIENT_SHAPE_HINT = (
+    "the gradient of `{name}` has the wrong shape: each has its input's shape, grad_x like "
+    "x, grad_weight [out_features, in_features] = gz^T @ x2d, and grad_bias [out_features], "
+    "gz summed over every row"
+)
+
+HINTS = replace(
+    MATMUL_HINTS,
+    read_past_end=(
+        "NaN where the reference is finite: a load read outside its tensor (the memory around "
+        "them holds NaN during a check). Check the weight's strides (weight^T is read with "
+        "stride_bk = weight.stride(1), stride_bn = weight.stride(0)), the K mask and the bias's "
+        "mask"
+    ),
+    load_out_of_bounds=(
+        "a load reached outside its tensor: check the weight's strides first (weight^T is read "
+        "with stride_bk = weight.stride(1), stride_bn = weight.stride(0)), then the K mask of "
+        "both loads and the bias's mask"
+    ),
+    dtype=(
+        "y must have x's dtype: allocate it with x.dtype and store acc.to(c_ptr.dtype.element_ty)"
+    ),
+)
+
+
+class NoGradient(RuntimeError):
+    """The checked function's result is not part of an autograd graph."""
+
+
+class MissingGradient(RuntimeError):
+    """Backward returned None where a gradient was needed."""
+
+
+def _wrong_shape(case: Case, got: list[int]) -> str | None:
+    x, weight = case.inputs[:2]
+    rows = x.numel() // x.shape[-1]
+    if x.dim() > 2 and got in ([rows, weight.shape[0]], [x.shape[0], weight.shape[0]]):
+        return LEADING_DIMS_HINT
+    if got[-1:] == [weight.shape[1]] and weight.shape[0] != weight.shape[1]:
+        return W_NOT_TRANSPOSED_HINT
+    return None
+
+
+_INVALID_GRADIENT = re.compile(r"returned an invalid gradient at index (\d)")
+
+
+def _raised(kind: str, message: str) -> str | None:
+    """A hint for what a call raised. Reads the text of torch's autograd errors (torch 2.11
+    to 2.13), which give no other handle."""
+    if kind == NoGradient.__name__ or "does not require grad" in message:
+        return NO_GRADIENT_HINT
+    if kind == MissingGradient.__name__:
+        return MISSING_GRADIENT_HINT
+    if "incorrect number of gradients" in message:
+        return GRADIENT_COUNT_HINT
+    if match := _INVALID_GRADIENT.search(message):
+        index = int(match.group(1))
+        return GRADIENT_SHAPE_HINT.format(name=("x", "weight", "bias", "activation")[index])
+    return None
+
+
+HINTS = replace(HINTS, wrong_shape=_wrong_shape, raised=_raised)
+
+
+# --- what the usual mistakes compute, in float64 -----------------------------------------
+
+
+def _weight_as_in_by_out(weight: torch.Tensor) -> torch.Tensor:
+    """What a kernel reads as B [in, out] when handed weight's own strides, the guide's
+    mistake: B[k, n] at k * weight.stride(0) + n * weight.stride(1), NaN past the end
+    (the guard band's value during a check)."""
+    out_features, in_features = weight.shape
+    k = torch.arange(in_features, device=weight.device)[:, None]
+    n = torch.arange(out_features, device=weight.device)[None, :]
+    index = k * weight.stride(0) + n * weight.stride(1)
+    flat = weight.double().contiguous().reshape(-1)
+    inside = index < flat.numel()
+    return torch.where(inside, flat[index.clamp(max=flat.numel() - 1)], float("nan"))
+
+
+def _forward64(x, weight, bias, activation, *, read=None, bias_rows=None, act_first=False,
+               act=None) -> torch.Tensor:  # fmt: skip
+    """The forward in float64 with one thing done wrong: the weight read as `read`, the
+    bias per row (filling `bias_rows` past its end), or missing (bias None), the activation
+    first, or another activation `act`."""
+    x2d = x.double().reshape(-1, x.shape[-1])
+    z = x2d @ (weight.double().t() if read is None else read)
+    if bias is not None and not act_first:
+        if bias_rows is None:
+            z = z + bias.double()
+        else:
+            rows = torch.full((z.shape[0], 1), bias_rows, dtype=torch.float64, device=z.device)
+            rows[: min(z.shape[0], bias.numel()), 0] = bias.double()[: z.shape[0]]
+            z = z + rows
+    y = references.linear_activation(z, activation if act is None else act)
+    if bias is not None and act_first:
+        y = y + bias.double()
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _forward_mistakes(activation: str | None, has_bias: bool) -> list[KnownMistake]:
+    def mistake(hint, **how):
+        if has_bias:
+            return KnownMistake(lambda x, w, b: _forward64(x, w, b, activation, **how), hint)
+        return KnownMistake(lambda x, w: _forward64(x, w, None, activation, **how), hint)
+
+    def read_guide(x, w, *bias):
+        return _forward64(x, w, bias[0] if bias else None, activation, read=_weight_as_in_by_out(w))
+
+    mistakes = [KnownMistake(read_guide, W_NOT_TRANSPOSED_HINT)]
+    mistakes += [
+        mistake(WRONG_ACTIVATION_HINT.format(got=other or "no activation", asked=activation),
+                act=other)
+        for other in references.LINEAR_ACTIVATIONS
+        if other != activation
+    ]  # fmt: skip
+    if has_bias:
+        mistakes.append(KnownMistake(
+            lambda x, w, b: _forward64(x, w, None, activation), BIAS_MISSING_HINT
+        ))  # fmt: skip
+        if activation is not None:
+            mistakes.append(mistake(ACTIVATION_FIRST_HINT, act_first=True))
+        mistakes += [mistake(BIAS_PER_ROW_HINT, bias_rows=fill) for fill in (float("nan"), 0.0)]
+    return mistakes
+
+
+def _grads64(x, weight, bias, grad_output, activation, *, slope_at_output=False,
+             no_slope=False, rows=None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(x2d, y, gz) in float64 for the backward's mistakes: gz = grad_output times the
+    activation's slope, taken at y where `slope_at_output`, left out where `no_slope`;
+    only the first `rows` rows where given."""
+    x2d = x.double().reshape(-1, x.shape[-1])
+    z = x2d @ weight.double().t()
+    if bias is not None:
+        z = z + bias.double()
+    y = references.linear_activation(z, activation)
+    g = grad_output.double().reshape(z.shape)
+    if not no_slope:
+        g = g * references.linear_activation_slope(y if slope_at_output else z, activation)
+    if rows is not None:
+        x2d, y, g = x2d[:rows], y[:rows], g[:rows]
+    return x2d, y, g
+
+
+def _backward_mistakes(part: str, activation: str | None, has_bias: bool, x_shape, weight_shape):
+    """What the usual wrong backwards return as the gradient of `part` ("x", "weight" or
+    "bias"), each a function of the case's inputs."""
+
+    def mistake(hint, result, **how):
+        def compute(*inputs):
+            x, weight, *rest = inputs
+            bias = rest[0] if has_bias else None
+            x2d, y, g = _grads64(x, weight, bias, rest[-1], activation, **how)
+            return result(x, weight, x2d, y, g)
+
+        return KnownMistake(compute, hint)
+
+    right = {
+        "x": lambda x, w, x2d, y, g: (g @ w.double()).reshape(x.shape),
+        "weight": lambda x, w, x2d, y, g: g.t() @ x2d,
+        "bias": lambda x, w, x2d, y, g: g.sum(dim=0),
+    }[part]
+    mistakes = []
+    if activation is not None:
+        mistakes.append(mistake(NO_SLOPE_HINT, right, no_slope=True))
+    if activation == "gelu":
+        mistakes.append(mistake(SLOPE_AT_OUTPUT_HINT, right, slope_at_output=True))
+    if len(x_shape) > 2 and part != "x":  # M taken as x.shape[0]
+        mistakes.append(mistake(LEADING_DIMS_HINT, right, rows=x_shape[0]))
+    square = weight_shape[0] == weight_shape[1]
+    if part == "x" and square:
+        mistakes.append(mistake(
+            GRAD_X_TRANSPOSED_HINT, lambda x, w, x2d, y, g: (g @ w.double().t()).reshape(x.shape)
+        ))  # fmt: skip
+    if part == "weight" and square:
+        mistakes.append(mistake(GRAD_WEIGHT_TRANSPOSED_HINT, lambda x, w, x2d, y, g: x2d.t() @ g))
+        mistakes.append(mistake(GRAD_WEIGHT_FROM_Y_HINT, lambda x, w, x2d, y, g: g.t() @ y))
+    if part == "bias":
+        mistakes.append(mistake(BIAS_AXIS_HINT, lambda x, w, x2d, y, g: g.sum(dim=1)))
+    return mistakes
+
+
+# --- the cases -------------------------------------------------------------------------
+
+
+def _layer(generator, x_shape, out_features, dtype, has_bias=True, x_transposed=False,
+           layer_scale=False):  # fmt: skip
+    """Seeded x, weight and (where has_bias) bias: by default values near 1 and a bias as
+    large as the products, so that one added after a rounding, or not at all, shows; with
+    `layer_scale`, weight and bias scaled by 1 / sqrt(in_features) like nn.Linear's, so
+    that y stays near 1 too."""
+    in_features = x_shape[-1]
+    if x_transposed:  # a [rows, in] view of an [in, rows] tensor
+        x = random_input(generator, x_shape[::-1], dtype).t()
+    else:
+        x = random_input(generator, x_shape, dtype)
+    scale = 1 / math.sqrt(in_features) if layer_scale else 1.0
+    weight = random_input(generator, (out_features, in_features), dtype, scale=scale)
+    inputs = (x, weight)
+    if has_bias:
+        scale = scale if layer_scale else math.sqrt(in_features)
+        inputs += (random_input(generator, (out_features,), dtype, scale=scale),)
+    return inputs
+
+
+def _describe(x_shape, out_features, activation, dtype, why, has_bias=True) -> str:
+    name = str(dtype).removeprefix("torch.")
+    bias = "" if has_bias else ", no bias"
+    return (
+        f"x {list(x_shape)}, weight [{out_features}, {x_shape[-1]}]{bias} ({why}), "
+        f"activation={activation!r}, {name}"
+    )
+
+
+def _tolerance(dtype: torch.dtype) -> str | None:
+    # a float32 tl.dot runs as TF32 on a GPU unless told otherwise
+    return "tf32" if dtype == torch.float32 and runtime.MODE == "gpu" else None
+
+
+def _kind(x_shape, dtype) -> str:
+    if dtype == torch.float64:
+        return "float64"
+    return "leading" if len(x_shape) > 2 else ""
+
+
+def _forward_cases(seed: int) -> list[Case]:
+    generator = case_generator(seed)
+    cases = []
+
+    def case(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True,
+             x_transposed=False):  # fmt: skip
+        inputs = _layer(generator, x_shape, out_features, dtype, has_bias, x_transposed)
+        kwargs = ({} if has_bias else {"bias": None}) | (
+            {} if activation is None else {"activation": activation}
+        )
+        cases.append(Case(
+            _describe(x_shape, out_features, activation, dtype, why, has_bias), inputs,
+            _kind(x_shape, dtype), _tolerance(dtype), math.sqrt(x_shape[-1]), kwargs,
+            reference=lambda x, w, b=None: references.linear(x, w, b, activation),
+            mistakes=_forward_mistakes(activation, has_bias),
+            input_names=("x", "weight", "bias")[: len(inputs)],
+        ))  # fmt: skip
+
+    case((1, 1), 1, "all ones", "relu")
+    case((37, 45), 29, "in > out")
+    case((29, 37), 45, "out > in", "relu")
+    case((33, 48), 48, "square weight", "gelu")
+    case((2, 5, 45), 29, "leading dimensions [2, 5]")
+    case((37, 45), 29, "x a transposed view", "relu", x_transposed=True)
+    case((20, 30), 17, "bias=None", "gelu", has_bias=False)
+    many = runtime.by_mode(gpu=((3, 333, 777), 1000), interpreter=((130, 77), 100))
+    case(*many, "many tiles", "gelu")
+    for dtype in runtime.DTYPES[1:]:
+        case((2, 7, 40), 24, "leading dimensions", "relu", dtype)
+    case((3, 11), 5, "gradcheck's dtype", "gelu", torch.float64)
+    return cases
+
+
+def _run_part(fn: Callable, part: str) -> Callable:
+    """fn's output y for part "y", else the gradient autograd computes through fn for the
+    input `part` alone, given the case's random grad_output (the inputs' last)."""
+
+    def run(x, weight, *rest, activation=None):
+        *bias_given, grad_output = rest
+        bias = bias_given[0] if bias_given else None
+        leaves = {"x": x.detach(), "weight": weight.detach(), "bias": bias}
+        if bias is not None:
+            leaves["bias"] = bias.detach()
+        if part != "y":
+            leaves[part].requires_grad_(True)
+        kwargs = {} if activation is None else {"activation": activation}
+        y = fn(leaves["x"], leaves["weight"], leaves["bias"], **kwargs)
+        if part == "y":
+            return y.detach() if isinstance(y, torch.Tensor) else y
+        if not isinstance(y, torch.Tensor) or y.grad_fn is None:
+            raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
+        if y.shape != grad_output.shape:
+            raise ValueError(f"y has shape {list(y.shape)}, expected {list(grad_output.shape)}")
+        (grad,) = torch.autograd.grad(y, [leaves[part]], grad_output, allow_unused=True)
+        if grad is None:
+            raise MissingGradient(f"backward returned None as the gradient of `{part}`")
+        return grad
+
+    return run
+
+
+PARTS = {"y": "forward: y", "x": "grad_x", "weight": "grad_weight", "bias": "grad_bias"}
+
+
+def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
+    """(part, case): each layer's y and each of its gradients as a case of its own."""
+    generator = case_generator(seed)
+    cases = []
+
+    def layer(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True):
+        # y near 1, so that a mistake that multiplies by y is told apart within the tolerance
+        inputs = _layer(generator, x_shape, out_features, dtype, has_bias, layer_scale=True)
+        grad_output = random_input(generator, (*x_shape[:-1], out_features), dtype)
+        inputs += (grad_output,)
+        label = _describe(x_shape, out_features, activation, dtype, why, has_bias)
+        names = (
+            ("x", "weight", "bias", "grad_output") if has_bias else ("x", "weight", "grad_output")
+        )
+        rows = math.prod(x_shape[:-1])
+        for part, what in PARTS.items():
+            if part == "bias" and not has_bias:
+                continue
+            # the sum each result is made of: in_features terms for y, out_features for
+            # grad_x, one per row for grad_weight and grad_bias
+            terms = {"y": x_shape[-1], "x": out_features}.get(part, rows)
+            cases.append((part, Case(
+                f"{label}: {what}", inputs, _kind(x_shape, dtype), _tolerance(dtype),
+                math.sqrt(terms), {} if activation is None else {"activation": activation},
+                reference=_part_reference(part, activation, has_bias),
+                mistakes=(
+                    _forward_mistakes(activation, has_bias) if part == "y"
+                    else _backward_mistakes(part, activation, has_bias, x_shape,
+                                            (out_features, x_shape[-1]))
+                ),
+                input_names=names,
+            )))  # fmt: skip
+
+    layer((37, 45), 29, "in > out")
+    layer((2, 5, 45), 29, "leading dimensions [2, 5]", "relu")
+    layer((48, 48), 48, "square: M = in = out", "gelu")
+    layer((20, 30), 17, "bias=None", "gelu", has_bias=False)
+    many = runtime.by_mode(gpu=((4, 100, 300), 200), interpreter=((70, 50), 60))
+    layer(*many, "many tiles", "relu")
+    for dtype in runtime.DTYPES[1:]:
+        layer((2, 7, 40), 24, "leading dimensions", "relu", dtype)
+    layer((3, 11), 5, "gradcheck's dtype", "gelu", torch.float64)
+    return cases
+
+
+def _part_reference(part: str, activation: str | None, has_bias: bool) -> Callable:
+    def reference(x, weight, *rest):
+        bias = rest[0] if has_bias else None
+        if part == "y":
+            return references.linear(x, weight, bias, activation)
+        grads = references.linear_grads(x, weight, bias, rest[-1], activation)
+        return grads[("x", "weight", "bias").index(part)]
+
+    return reference
+
+
+# --- hints only a comparison of cases reveals ------------------------------------------
+
+
+# mistakes that only a square case shows as wrong values, by the part they are in; the
+# others fail the same way with an error, a wrong shape or a read past the end
+SQUARE_ONLY = {
+    W_NOT_TRANSPOSED_HINT: "y",
+    GRAD_X_TRANSPOSED_HINT: "x",
+    GRAD_WEIGHT_TRANSPOSED_HINT: "weight",
+    GRAD_WEIGHT_FROM_Y_HINT: "weight",
+    BIAS_AXIS_HINT: "bias",
+}
+
+
+def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
+    """Hints that only a comparison of cases reveals."""
+    shown = {SQUARE_ONLY[r.hint]: r.hint for r in results if r.hint in SQUARE_ONLY}
+    plain_pass = all(r.passed for c, r in zip(cases, results) if c.kind == "")
+    for case, result in zip(cases, results):
+        part = case.kwargs.get("part", "y")
+        vague = {HINTS.read_past_end, HINTS.load_out_of_bounds, HINTS.wrong_values, HINTS.zeros,
+                 RAISED_HINT, GRADIENT_SHAPE_HINT.format(name=part), None}  # fmt: skip
+        if result.passed:
+            continue
+        if part in shown and result.hint in vague:
+            result.hint = shown[part]
+        elif case.kind == "leading" and plain_pass and "unwritten" in result.kinds:
+            result.hint = LEADING_DIMS_HINT
+        elif case.kind == "float64" and plain_pass and (result.relative_error or 1) < 1e-4:
+            result.hint = FLOAT64_HINT
+
+
+def check_linear_forward(fn: Callable[..., torch.Tensor]) -> CheckResult:
+    """Check `fn(x, weight, bias, activation=...)`, your forward for lesson 07, against
+    activation(x @ weight^T + bias) computed in float64 and rounded once."""
+    return run_check(
+        "linear_forward", fn, _forward_cases(seed=17), references.linear, (), HINTS, _refine
+    )
+
+
+def check_linear(fn: Callable[..., torch.Tensor]) -> CheckResult:
+    """Check `fn(x, weight, bias, activation=...)`, your Linear through autograd, for lesson
+    07: its output, and the gradients of x, weight and bias that its backward gives for a
+    random grad_output, against float64 computations rounded once."""
+    if not callable(fn):
+        raise TypeError(f"check_linear expects your function, got {type(fn).__name__}")
+    by_part = {part: _run_part(fn, part) for part in PARTS}
+
+    def run(*inputs, part: str, **kwargs):
+        return by_part[part](*inputs, **kwargs)
+
+    cases = [
+        replace(case, kwargs=case.kwargs | {"part": part}) for part, case in _autograd_cases(19)
+    ]
+    return run_check("linear", run, cases, references.linear, (), HINTS, _refine)

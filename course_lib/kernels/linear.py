@@ -1,0 +1,305 @@
+"""Lesson 07: a Linear layer, y = activation(x @ weight^T + bias), forward and backward.
+
+The forward is lesson 05's tiled matmul with the weight read transposed through its
+strides, no copy, and an epilogue that adds the bias and applies the activation before the
+one store. The backward uses the same product two more ways through strides,
+grad_x = g @ weight and grad_weight = g^T @ x, after one pass over the output's gradient g
+that multiplies it by the activation's slope and sums it over the rows for grad_bias.
+`LinearFunction` joins them for autograd; `linear` and `Linear`, a drop-in for
+`torch.nn.Linear`, are what callers use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib import runtime
+from course_lib.kernels import matmul_fast_paths as fast
+from course_lib.kernels._launch import LeanLauncher, cdiv
+from course_lib.kernels.matmul import (
+    INTERPRETER_CONFIG,
+    SMALL_CONFIG,
+    SMALL_PRODUCT,
+    TILE_SHAPES,
+    activate,
+    dot_over_k,
+    matmul,
+    tile_configs,
+    tile_offsets,
+)
+
+ACTIVATIONS = (None, "relu", "gelu")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the pass over the output's gradient: a [ROWS, COLUMNS] tile per step; programs
+# enough to keep every SM of a large GPU reading
+GRAD_ROWS, GRAD_COLUMNS = 32, 64
+GRAD_PROGRAMS = 512
+
+
+@triton.jit
+def linear_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, ACC_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """C = activation(A @ B + bias), and Z = A @ B + bias where SAVE_Z, with Z laid out
+    like C. The forward passes x as A and weight^T, a view, as B."""
+    offs_m, offs_n, offs_am, offs_bn = tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak  # [BM, BK]
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn  # [BK, BN]
+    acc = dot_over_k(
+        a_ptrs, b_ptrs, K, stride_ak, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION,
+        ACC_DTYPE,
+    )  # fmt: skip
+    if HAS_BIAS:  # bias[n] on every row of column n; columns past N read bias[0], never stored
+        acc += tl.load(bias_ptr + offs_bn).to(ACC_DTYPE)[None, :]
+    offs_c = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SAVE_Z:  # the pre-activation, which gelu's slope needs in the backward
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offs_c, activate(acc, ACTIVATION).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def activation_slope(saved, ACTIVATION: tl.constexpr):
+    """d activation / d z, from what the forward saved: relu's output (positive exactly
+    where z is), or gelu's input z."""
+    if ACTIVATION == "relu":
+        slope = tl.where(saved > 0, 1.0, 0.0)
+    else:  # gelu: Phi(z) + z * phi(z)
+        cdf = 0.5 * (1.0 + tl.math.erf(saved * 0.7071067811865476))
+        slope = cdf + saved * tl.exp(-0.5 * saved * saved) * 0.3989422804014327
+    return slope
+
+
+@triton.jit
+def output_grad_kernel(
+    g_ptr, saved_ptr, gz_ptr, sums_ptr, M, N, rows_per_program,
+    stride_gm, stride_gn, stride_sm, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVATION: tl.constexpr, SUM: tl.constexpr, ACC_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """One pass over the output's gradient g [M, N], rows_per_program rows of BLOCK_N
+    columns per program: gz = g * activation's slope (stored contiguous, where there is an
+    activation), and where SUM the column sums of gz over those rows, at row
+    program_id(1) of the contiguous sums [programs along M, N]."""
+    offs_n = tl.program_id(axis=0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tl.program_id(axis=1) * rows_per_program
+    total = tl.zeros((BLOCK_N,), dtype=ACC_DTYPE)
+    for start in range(first, tl.minimum(first + rows_per_program, M), BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        g = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_n[None, :] * stride_gn, mask=mask)
+        g = g.to(ACC_DTYPE)
+        if ACTIVATION != "":
+            s_ptrs = saved_ptr + offs_m[:, None] * stride_sm + offs_n[None, :] * stride_sn
+            g *= activation_slope(tl.load(s_ptrs, mask=mask).to(ACC_DTYPE), ACTIVATION)
+            gz_ptrs = gz_ptr + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(gz_ptrs, g.to(gz_ptr.dtype.element_ty), mask=mask)
+        if SUM:
+            total += tl.sum(tl.where(mask, g, 0.0), axis=0)
+    if SUM:
+        sums_ptrs = sums_ptr + tl.program_id(axis=1) * N + offs_n
+        tl.store(sums_ptrs, total.to(sums_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+# M, N, K and the dtypes (the autotuner adds these) choose the tile
+linear_kernel_autotuned = triton.autotune(
+    configs=tile_configs(TILE_SHAPES), key=["M", "N", "K", "INPUT_PRECISION"]
+)(linear_kernel)
+# each kernel[grid], lean: see _launch.py
+linear_launcher = LeanLauncher(linear_kernel)
+linear_autotuned_launcher = LeanLauncher(linear_kernel_autotuned)
+output_grad_launcher = LeanLauncher(output_grad_kernel)
+
+
+def _accumulator(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def product(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
+    activation: str | None = None, save_z: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(activation(a @ b + bias), a @ b + bias where save_z else None) for a [M, K] and
+    b [K, N] of any strides, new contiguous [M, N] tensors; arguments already checked.
+
+    A plain product of 16- or 32-bit operands goes to lesson 05's finished `matmul`, with
+    its expert paths; on the GPUs that have it, a large one with a bias or an activation
+    to its persistent TMA kernel, whose epilogue adds them; the rest to linear_kernel."""
+    (M, K), N = a.shape, b.shape[1]
+    if bias is None and activation is None and not save_z and a.dtype != torch.float64:
+        return matmul(a, b), None
+    c = a.new_empty((M, N))
+    z = a.new_empty((M, N)) if save_z else c  # c stands in for an unused pointer
+    if M * N == 0:
+        return c, z if save_z else None
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # read one element after the other
+    tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    precision = "tf32" if tf32 else "ieee"
+    if not save_z and M * N * K >= fast.TMA_MIN_PRODUCT and fast._tma_suits(a, b, c, tf32):
+        launch = fast._tma_launch_for(a, b, c, activation or "", precision, None, bias is not None)
+        launch(a, b, c, bias)
+        return c, None
+    meta = dict(
+        HAS_BIAS=bias is not None, ACTIVATION=activation or "", SAVE_Z=save_z,
+        INPUT_PRECISION=precision, ACC_DTYPE=_accumulator(a.dtype),
+    )  # fmt: skip
+    args = (a, b, c, c if bias is None else bias, z, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
+        config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
+        grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
+        linear_launcher[grid](*args, **config, **meta)
+    else:
+        grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
+        linear_autotuned_launcher[grid](*args, **meta)
+    return c, z if save_z else None
+
+
+def output_grad(
+    g: torch.Tensor, saved: torch.Tensor | None, activation: str | None, bias_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(gz, grad_bias) for the output's gradient g [M, N] of any strides: gz = g times the
+    activation's slope at what the forward saved (g itself without an activation), and
+    grad_bias = gz summed over the rows where `bias_grad`, else None. One pass over g."""
+    M, N = g.shape
+    if activation is None and not bias_grad:
+        return g, None
+    gz = g if activation is None else g.new_empty((M, N))
+    if M * N == 0:
+        return gz, g.new_zeros(N) if bias_grad else None
+    acc_dtype = _accumulator(g.dtype)
+    columns = cdiv(N, GRAD_COLUMNS)
+    # enough programs along M too, each summing its rows; a second launch adds their sums
+    row_programs = min(cdiv(M, GRAD_ROWS), max(1, GRAD_PROGRAMS // columns))
+    rows_per_program = cdiv(cdiv(M, row_programs), GRAD_ROWS) * GRAD_ROWS
+    row_programs = cdiv(M, rows_per_program)
+    sums_dtype = torch.float64 if g.dtype == torch.float64 else torch.float32
+    sums = g.new_empty((row_programs, N), dtype=sums_dtype) if bias_grad else gz
+    saved = g if saved is None else saved
+    output_grad_launcher[(columns, row_programs)](
+        g, saved, gz, sums, M, N, rows_per_program, *g.stride(), *saved.stride(),
+        BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACTIVATION=activation or "", SUM=bias_grad,
+        ACC_DTYPE=acc_dtype,
+    )  # fmt: skip
+    if not bias_grad:
+        return gz, None
+    grad_bias = g.new_empty(N)
+    output_grad_launcher[(columns, 1)](
+        sums, sums, sums, grad_bias, row_programs, N, row_programs, *sums.stride(),
+        *sums.stride(), BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACTIVATION="", SUM=True,
+        ACC_DTYPE=acc_dtype,
+    )  # fmt: skip
+    return gz, grad_bias
+
+
+class LinearFunction(torch.autograd.Function):
+    """activation(x @ weight^T + bias) with its backward in Triton. Saves only what the
+    backward will use: x for grad_weight, weight for grad_x, and for the activation's
+    slope relu's output (no extra memory: it is the result) or gelu's input z."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        rows = math.prod(x.shape[:-1])  # every leading dimension: M
+        x2d = x.reshape(rows, x.shape[-1])  # a view where x's strides allow, else a copy
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        any_grad = needs_x or needs_weight or needs_bias
+        save_z = activation == "gelu" and any_grad
+        y2d, z = product(x2d, weight.t(), bias, activation, save_z)
+        saved = z if save_z else y2d if activation == "relu" and any_grad else None
+        ctx.save_for_backward(x2d if needs_weight else None, weight if needs_x else None, saved)
+        ctx.activation, ctx.x_shape = activation, x.shape
+        return y2d.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x2d, weight, saved = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
+        gz, grad_bias = output_grad(g, saved, ctx.activation, needs_bias)
+        grad_x = product(gz, weight)[0].view(ctx.x_shape) if needs_x else None
+        grad_weight = product(gz.t(), x2d)[0] if needs_weight else None
+        return grad_x, grad_weight, grad_bias, None
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """activation(x @ weight^T + bias), as torch.nn.functional.linear followed by the
+    activation, in Triton forward and backward.
+
+    x is [..., in_features] with any leading dimensions, weight [out_features, in_features]
+    and bias [out_features] or None, all of one dtype (float16, bfloat16 on a GPU, float32,
+    float64) and device; activation is None, "relu" or "gelu" (torch's exact GELU). Any
+    strides. float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it."""
+    _check(x, weight, bias, activation)
+    tracked = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if tracked:
+        return LinearFunction.apply(x, weight, bias, activation)
+    # nothing to differentiate: skip autograd's bookkeeping, a good part of a small
+    # layer's host time
+    y2d, _ = product(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), weight.t(), bias, activation)
+    return y2d.view(*x.shape[:-1], weight.shape[0])
+
+
+def _check(x, weight, bias, activation) -> None:
+    tensors = {"x": x, "weight": weight} | ({} if bias is None else {"bias": bias})
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"linear: x must be [..., in_features] and weight [out_features, in_features]; "
+            f"got x {list(x.shape)} and weight {list(weight.shape)}"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(
+            f"linear: bias must be [out_features] = [{weight.shape[0]}], got {list(bias.shape)}"
+        )
+    for name, t in tensors.items():
+        if t.dtype != x.dtype or t.device != x.device:
+            raise TypeError(
+                f"linear: {name} is {t.dtype} on {t.device} and x {x.dtype} on {x.device}; "
+                "give every tensor the same dtype and device"
+            )
+    if x.dtype not in DTYPES or (x.dtype == torch.bfloat16 and runtime.INTERPRETED):
+        runtime.require_supported_dtype(x.dtype, "linear")  # its message says what to use
+    if runtime.MODE == "gpu" and not x.is_cuda:
+        raise ValueError(
+            f"linear: the tensors are on {x.device}; Triton kernels run on the GPU here. "
+            "Allocate them with device=course_lib.DEVICE."
+        )
+
+
+class Linear(torch.nn.Linear):
+    """torch.nn.Linear computed by `linear`, with an optional fused activation: the same
+    parameters (weight [out_features, in_features], bias [out_features]), the same
+    initialisation and the same state_dict, which loads into either class."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+        activation: str | None = None,
+    ) -> None:  # fmt: skip
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Linear: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.activation)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, activation={self.activation!r}"

@@ -1,0 +1,189 @@
+"""Lesson 07's finished Linear: forward and backward against float64, gradcheck, the drop-in
+nn.Linear, and what it says about bad input."""
+
+import pytest
+import torch
+
+from course_lib import DEVICE, references, runtime
+from course_lib.checks.tolerances import tolerance_for
+from course_lib.kernels import linear as finished
+from course_lib.kernels.linear import Linear, linear
+
+ACTIVATIONS = [None, "relu", "gelu"]
+DTYPES = [pytest.param(d, id=str(d).removeprefix("torch.")) for d in runtime.DTYPES]
+
+
+def _layer(x_shape, out_features, dtype=torch.float32, bias=True, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    in_features = x_shape[-1]
+    x = torch.randn(*x_shape, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    b = torch.randn(out_features, generator=generator) if bias else None
+    grad_y = torch.randn(*x_shape[:-1], out_features, generator=generator)
+    return [None if t is None else t.to(DEVICE, dtype) for t in (x, weight, b, grad_y)]
+
+
+def _grads(x, weight, bias, grad_y, activation):
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, weight, bias)]
+    y = linear(*leaves, activation)
+    inputs = [t for t in leaves if t is not None]
+    return (y.detach(), *torch.autograd.grad(y, inputs, grad_y))
+
+
+def _assert_close(got, expected, terms):
+    """Within the dtype's tolerance (TF32's for float32 on a GPU), the absolute part grown
+    with sqrt(terms) as a sum's rounding grows."""
+    tf32 = expected.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    tol = tolerance_for("tf32" if tf32 else expected.dtype)
+    torch.testing.assert_close(got, expected, rtol=tol.rtol, atol=tol.atol * terms**0.5)
+
+
+SHAPES = [  # x's shape, out_features
+    pytest.param((1, 1), 1, id="1x1-to-1"),
+    pytest.param((37, 45), 29, id="37x45-to-29"),
+    pytest.param((2, 5, 45), 29, id="2x5x45-to-29"),
+    pytest.param((3, 2, 4, 17), 33, id="3x2x4x17-to-33"),
+    pytest.param((45,), 29, id="45-to-29"),
+    pytest.param((130, 77), 100, id="130x77-to-100"),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "out_features"), SHAPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_forward_and_backward_match_float64(x_shape, out_features, activation):
+    x, weight, bias, grad_y = _layer(x_shape, out_features)
+    y, gx, gw, gb = _grads(x, weight, bias, grad_y, activation)
+    rows = x.numel() // x.shape[-1]
+    _assert_close(y, references.linear(x, weight, bias, activation), x_shape[-1])
+    ref_gx, ref_gw, ref_gb = references.linear_grads(x, weight, bias, grad_y, activation)
+    _assert_close(gx, ref_gx, out_features)
+    _assert_close(gw, ref_gw, rows)
+    _assert_close(gb, ref_gb, rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_matches_nn_linear_in_every_dtype(dtype, activation):
+    """Our Linear against torch's, same parameters, with a random output gradient: the
+    ones of y.sum() would let a wrong forward through."""
+    x, _, _, _ = _layer((2, 7, 40), 24, dtype)
+    reference = torch.nn.Linear(40, 24, device=DEVICE, dtype=dtype)
+    ours = Linear(40, 24, device=DEVICE, dtype=dtype, activation=activation)
+    ours.load_state_dict(reference.state_dict())
+    act = {None: lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu}[activation]
+    grad_y = torch.randn(2, 7, 24, device=DEVICE, dtype=dtype)
+    xs = [x.detach().requires_grad_() for _ in range(2)]
+    y_ref, y = act(reference(xs[0])), ours(xs[1])
+    grads_ref = torch.autograd.grad(y_ref, (xs[0], *reference.parameters()), grad_y)
+    grads = torch.autograd.grad(y, (xs[1], *ours.parameters()), grad_y)
+    # torch rounds z to the dtype before the activation, and g times the slope before the
+    # products; ours keeps both in float32: a few roundings of the dtype apart
+    tol = tolerance_for(dtype)
+    for got, want in zip((y, *grads), (y_ref, *grads_ref)):
+        torch.testing.assert_close(got, want, rtol=4 * tol.rtol, atol=4 * tol.rtol)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_passes_gradcheck_in_float64(activation):
+    x, weight, bias, _ = _layer((2, 3, 5), 4, torch.float64)
+    inputs = [t.detach().requires_grad_() for t in (x, weight, bias)]
+    assert torch.autograd.gradcheck(lambda x, w, b: linear(x, w, b, activation), inputs)
+
+
+def test_linear_takes_any_strides():
+    x, weight, bias, grad_y = _layer((37, 45), 29)
+    x, weight, grad_y = (t.t().contiguous().t() for t in (x, weight, grad_y))  # column-major
+    y, gx, gw, gb = _grads(x, weight, bias, grad_y, "relu")
+    _assert_close(y, references.linear(x, weight, bias, "relu"), 45)
+    ref = references.linear_grads(x, weight, bias, grad_y, "relu")
+    for got, want, terms in zip((gx, gw, gb), ref, (29, 37, 37)):
+        _assert_close(got, want, terms)
+
+
+def test_linear_without_bias_and_with_frozen_parts():
+    x, weight, _, grad_y = _layer((2, 5, 45), 29)
+    y, gx, gw = _grads(x, weight, None, grad_y, "gelu")
+    ref_gx, ref_gw, ref_gb = references.linear_grads(x, weight, None, grad_y, "gelu")
+    assert ref_gb is None
+    _assert_close(gx, ref_gx, 29)
+    _assert_close(gw, ref_gw, 10)
+    # a frozen weight: only x's gradient is asked for, and the backward computes only it
+    w = weight.detach()
+    xs = x.detach().requires_grad_()
+    (gx_only,) = torch.autograd.grad(linear(xs, w, None, "gelu"), xs, grad_y)
+    _assert_close(gx_only, ref_gx, 29)
+    # no gradient at all: nothing is saved, and the result has no graph
+    assert linear(x, w).grad_fn is None
+
+
+def test_linear_saves_only_what_its_backward_uses():
+    x, weight, bias, _ = _layer((6, 8), 5)
+    x.requires_grad_()
+    for activation, extra in ((None, 0), ("relu", 1), ("gelu", 1)):
+        y = linear(x, weight, bias, activation)  # weight frozen: x's gradient needs weight
+        saved = [t for t in y.grad_fn.saved_tensors if t is not None]
+        assert len(saved) == 1 + extra, activation
+
+
+def test_linear_module_is_a_drop_in_for_nn_linear():
+    torch.manual_seed(3)
+    ours = Linear(12, 7, device=DEVICE, activation="relu")
+    torch.manual_seed(3)
+    reference = torch.nn.Linear(12, 7, device=DEVICE)
+    # the same initialisation from the same seed, and state_dicts that load both ways
+    assert torch.equal(ours.weight, reference.weight) and torch.equal(ours.bias, reference.bias)
+    assert ours.state_dict().keys() == reference.state_dict().keys()
+    reference.load_state_dict(ours.state_dict())
+    ours.load_state_dict(reference.state_dict())
+    assert "activation='relu'" in repr(ours)
+    assert Linear(3, 2, bias=False).bias is None
+
+
+def test_linear_of_empty_inputs():
+    x, weight, bias, _ = _layer((0, 5), 3)
+    assert linear(x, weight, bias).shape == (0, 3)
+    x, weight, bias, _ = _layer((4, 0), 3)
+    torch.testing.assert_close(linear(x, weight, bias, "relu"), torch.relu(bias).expand(4, 3))
+
+
+def test_linear_says_what_is_wrong():
+    x, weight, bias, _ = _layer((4, 5), 3)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        linear(x, weight, bias, "tanh")
+    with pytest.raises(ValueError, match=r"x must be \[..., in_features\]"):
+        linear(x, weight.t(), bias)
+    with pytest.raises(ValueError, match=r"bias must be \[out_features\] = \[3\]"):
+        linear(x, weight, bias[:2])
+    with pytest.raises(TypeError, match="same dtype and device"):
+        linear(x, weight.double(), bias)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        linear(x, weight.tolist())
+    with pytest.raises(TypeError, match="not supported"):
+        linear(x.int(), weight.int())
+    with pytest.raises(ValueError, match="activation must be one of"):
+        Linear(3, 2, activation="softmax")
+
+
+def test_output_grad_splits_long_columns_across_programs():
+    """Many rows over few columns: the sums come from several programs, added in a second
+    launch, and must equal one long sum."""
+    g = torch.randn(5000, 3, device=DEVICE, dtype=torch.float64)
+    gz, grad_bias = finished.output_grad(g, None, None, bias_grad=True)
+    assert gz is g
+    torch.testing.assert_close(grad_bias, g.sum(0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_linear_at_a_transformer_size_on_the_gpu(dtype):
+    x, weight, bias, grad_y = _layer((4, 256, 768), 3072, dtype)
+    y, gx, gw, gb = _grads(x, weight, bias, grad_y, "gelu")
+    ref_gx, ref_gw, ref_gb = references.linear_grads(x, weight, bias, grad_y, "gelu")
+    # half precision: gz is rounded once to the dtype before the two products
+    slack = 1 if dtype == torch.float32 else 8
+    expected = (references.linear(x, weight, bias, "gelu"), ref_gx, ref_gw, ref_gb)
+    for got, want, terms in zip((y, gx, gw, gb), expected, (768, 3072, 1024, 1024)):
+        tol = tolerance_for("tf32" if dtype == torch.float32 else dtype)
+        torch.testing.assert_close(
+            got, want, rtol=slack * tol.rtol, atol=slack * tol.rtol * terms**0.5
+        )
