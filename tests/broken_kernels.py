@@ -1332,14 +1332,14 @@ def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
     return (c, z) if save_z else c
 
 
-def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, guide_strides=False,
+def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swapped_strides=False,
                     first_rows=False, keep_2d=False, act=..., **mistake):  # fmt: skip
     x2d = x.reshape(-1, x.shape[-1])
     w_t = weight.t()
-    strides = (weight.stride(0), weight.stride(1)) if guide_strides else None
+    strides = (weight.stride(0), weight.stride(1)) if swapped_strides else None
     rows = x.shape[0] if first_rows else None  # mistake: M = x.shape[0]
     activation = activation if act is ... else act
-    out = _linear_launch(x2d, weight if guide_strides else w_t, bias, activation, save_z,
+    out = _linear_launch(x2d, weight if swapped_strides else w_t, bias, activation, save_z,
                          rows=rows, b_strides=strides, **mistake)  # fmt: skip
     y = out[0] if save_z else out
     if not keep_2d:
@@ -1352,7 +1352,7 @@ def linear_forward(x, weight, bias=None, activation=None, save_z=False):
 
 
 def linear_forward_weight_not_transposed(x, weight, bias=None, activation=None):
-    return _linear_forward(x, weight, bias, activation, guide_strides=True)
+    return _linear_forward(x, weight, bias, activation, swapped_strides=True)
 
 
 def linear_forward_bias_per_row(x, weight, bias=None, activation=None):
@@ -1457,5 +1457,5 @@ linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradie
 
 
 def linear_autograd_without_function(x, weight, bias=None, activation=None):
-    """The guide's belief: a Triton kernel differentiates itself."""
+    """The belief that a Triton kernel differentiates itself: it does not."""
     return linear_forward(x, weight, bias, activation)

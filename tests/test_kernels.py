@@ -327,6 +327,7 @@ def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     assert suits(a32, b32.t().contiguous().t(), tf32=True)  # TF32, B K-major
     assert not suits(a32, b32, tf32=True)  # TF32, B row-major: tf32_b_first_kernel
     assert not suits(a32, b32.t().contiguous().t())  # exact fp32: no tensor cores
+    assert not suits(a.double(), b.double().t().contiguous().t())  # float64: no TMA kernel
     monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
     assert not suits(a, b)
 

@@ -190,3 +190,22 @@ def test_linear_at_a_transformer_size_on_the_gpu(dtype):
         torch.testing.assert_close(
             got, want, rtol=slack * tol.rtol, atol=slack * tol.rtol * terms**0.5
         )
+
+
+def test_linear_output_may_be_changed_in_place_like_nn_linear():
+    """y is a tensor of its own, not a view: an in-place ReLU after the layer works."""
+    x, weight, bias, grad_y = _layer((2, 5, 45), 29)
+    leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+    y = torch.nn.ReLU(inplace=True)(linear(*leaves))
+    grads = torch.autograd.grad(y, leaves, grad_y)
+    z = x.double() @ weight.double().t() + bias.double()
+    g = grad_y.double() * (z > 0)
+    _assert_close(grads[0], (g @ weight.double()).float(), 29)
+    assert linear(x, weight, bias).mul_(2).shape == (2, 5, 29)
+
+
+def test_linear_refuses_sizes_past_32_bit_offsets():
+    x = torch.empty(2**16, 2**15, device="meta")
+    weight = torch.empty(8, 2**15, device="meta")
+    with pytest.raises(ValueError, match="2\\^31 elements or more"):
+        linear(x, weight)

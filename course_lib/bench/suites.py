@@ -202,7 +202,7 @@ def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
 
 
 # (rows, in_features, out_features): a large layer, a small one where the host's cost of
-# three launches and autograd shows, and a transformer MLP's first layer, [8, 512, 768] -> 3072
+# a training step's five launches and autograd shows, and a transformer MLP's first layer, [8, 512, 768] -> 3072
 LARGE_LAYER = (8192, 4096, 4096)
 LINEAR_SHAPES = [LARGE_LAYER, (1024, 1024, 1024), (8 * 512, 768, 3072)]
 LINEAR_TARGETS = [Target("torch", 0.95, _at(LARGE_LAYER), f"at {label(LARGE_LAYER)}")]

@@ -27,6 +27,7 @@ from course_lib.checks.engine import (
     random_input,
     run_check,
 )
+from course_lib.checks.launches import counting_launches
 from course_lib.checks.matmul import (
     ACTIVATION_FIRST_HINT,
     BIAS_MISSING_HINT,
@@ -38,8 +39,8 @@ W_NOT_TRANSPOSED_HINT = (
     "you multiplied by weight as if it were [in_features, out_features]: y = x @ weight^T, "
     "and weight is [out_features, in_features]. Read weight^T in place through its strides, "
     "stride_bk = weight.stride(1) and stride_bn = weight.stride(0). With a square weight "
-    "the swap reads only real values and returns x @ weight; with any other it reads past "
-    "the weight's end"
+    "the swap returns x @ weight; with more inputs than outputs it also reads past the "
+    "weight's end"
 )
 LEADING_DIMS_HINT = (
     "x has leading dimensions: flatten all of them into the rows of the product, "
@@ -93,6 +94,14 @@ GRADIENT_COUNT_HINT = (
     "backward returns one value per argument of forward, in order: grad_x, grad_weight, "
     "grad_bias and None for activation, which has no gradient"
 )
+NO_KERNEL_IN_BACKWARD_HINT = (
+    "your backward computed the gradients with PyTorch alone: compute them with your "
+    "kernels, product(gz, weight), product(gz.t(), x2d) and output_grad"
+)
+NONE_FOR_NONE_HINT = (
+    "backward returned a gradient for an input that has none: None for bias when there is "
+    "no bias (output_grad(..., bias_grad=False) gives None), and None for activation"
+)
 GRADIENT_SHAPE_HINT = (
     "the gradient of `{name}` has the wrong shape: each has its input's shape, grad_x like "
     "x, grad_weight [out_features, in_features] = gz^T @ x2d, and grad_bias [out_features], "
@@ -126,6 +135,14 @@ class MissingGradient(RuntimeError):
     """Backward returned None where a gradient was needed."""
 
 
+class WrongOutputShape(RuntimeError):
+    """The checked function's result does not have the layer's output shape."""
+
+
+class NoKernelInBackward(RuntimeError):
+    """The gradients came from PyTorch alone: no Triton kernel ran in the backward."""
+
+
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
     x, weight = case.inputs[:2]
     rows = x.numel() // x.shape[-1]
@@ -140,12 +157,18 @@ _INVALID_GRADIENT = re.compile(r"returned an invalid gradient at index (\d)")
 
 
 def _raised(kind: str, message: str) -> str | None:
-    """A hint for what a call raised. Reads the text of torch's autograd errors (torch 2.11
-    to 2.13), which give no other handle."""
-    if kind == NoGradient.__name__ or "does not require grad" in message:
-        return NO_GRADIENT_HINT
-    if kind == MissingGradient.__name__:
-        return MISSING_GRADIENT_HINT
+    """A hint for what a call raised: the check's own exceptions by their type, torch's
+    autograd errors by their text (torch 2.11 to 2.13), which give no other handle."""
+    own = {
+        NoGradient.__name__: NO_GRADIENT_HINT,
+        MissingGradient.__name__: MISSING_GRADIENT_HINT,
+        WrongOutputShape.__name__: LEADING_DIMS_HINT,
+        NoKernelInBackward.__name__: NO_KERNEL_IN_BACKWARD_HINT,
+    }
+    if kind in own:
+        return own[kind]
+    if "returned a gradient different than None" in message:
+        return NONE_FOR_NONE_HINT
     if "incorrect number of gradients" in message:
         return GRADIENT_COUNT_HINT
     if match := _INVALID_GRADIENT.search(message):
@@ -161,7 +184,7 @@ HINTS = replace(HINTS, wrong_shape=_wrong_shape, raised=_raised)
 
 
 def _weight_as_in_by_out(weight: torch.Tensor) -> torch.Tensor:
-    """What a kernel reads as B [in, out] when handed weight's own strides, the guide's
+    """What a kernel reads as B [in, out] when handed weight's own strides, the classic
     mistake: B[k, n] at k * weight.stride(0) + n * weight.stride(1), NaN past the end
     (the guard band's value during a check)."""
     out_features, in_features = weight.shape
@@ -199,10 +222,10 @@ def _forward_mistakes(activation: str | None, has_bias: bool) -> list[KnownMista
             return KnownMistake(lambda x, w, b: _forward64(x, w, b, activation, **how), hint)
         return KnownMistake(lambda x, w: _forward64(x, w, None, activation, **how), hint)
 
-    def read_guide(x, w, *bias):
+    def read_swapped(x, w, *bias):
         return _forward64(x, w, bias[0] if bias else None, activation, read=_weight_as_in_by_out(w))
 
-    mistakes = [KnownMistake(read_guide, W_NOT_TRANSPOSED_HINT)]
+    mistakes = [KnownMistake(read_swapped, W_NOT_TRANSPOSED_HINT)]
     mistakes += [
         mistake(WRONG_ACTIVATION_HINT.format(got=other or "no activation", asked=activation),
                 act=other)
@@ -238,8 +261,9 @@ def _grads64(x, weight, bias, grad_output, activation, *, slope_at_output=False,
 
 
 def _backward_mistakes(part: str, activation: str | None, has_bias: bool, x_shape, weight_shape):
-    """What the usual wrong backwards return as the gradient of `part` ("x", "weight" or
-    "bias"), each a function of the case's inputs."""
+    """What the usual wrong backwards return as the gradient of `part` ("x", "x alone",
+    "weight" or "bias"), each a function of the case's inputs."""
+    part = part.removesuffix(" alone")
 
     def mistake(hint, result, **how):
         def compute(*inputs):
@@ -279,7 +303,7 @@ def _backward_mistakes(part: str, activation: str | None, has_bias: bool, x_shap
 
 
 def _layer(generator, x_shape, out_features, dtype, has_bias=True, x_transposed=False,
-           layer_scale=False):  # fmt: skip
+           layer_scale=False, weight_transposed=False):  # fmt: skip
     """Seeded x, weight and (where has_bias) bias: by default values near 1 and a bias as
     large as the products, so that one added after a rounding, or not at all, shows; with
     `layer_scale`, weight and bias scaled by 1 / sqrt(in_features) like nn.Linear's, so
@@ -290,7 +314,10 @@ def _layer(generator, x_shape, out_features, dtype, has_bias=True, x_transposed=
     else:
         x = random_input(generator, x_shape, dtype)
     scale = 1 / math.sqrt(in_features) if layer_scale else 1.0
-    weight = random_input(generator, (out_features, in_features), dtype, scale=scale)
+    if weight_transposed:  # an [out, in] view of an [in, out] tensor
+        weight = random_input(generator, (in_features, out_features), dtype, scale=scale).t()
+    else:
+        weight = random_input(generator, (out_features, in_features), dtype, scale=scale)
     inputs = (x, weight)
     if has_bias:
         scale = scale if layer_scale else math.sqrt(in_features)
@@ -323,8 +350,9 @@ def _forward_cases(seed: int) -> list[Case]:
     cases = []
 
     def case(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True,
-             x_transposed=False):  # fmt: skip
-        inputs = _layer(generator, x_shape, out_features, dtype, has_bias, x_transposed)
+             x_transposed=False, weight_transposed=False):  # fmt: skip
+        inputs = _layer(generator, x_shape, out_features, dtype, has_bias, x_transposed,
+                        weight_transposed=weight_transposed)  # fmt: skip
         kwargs = ({} if has_bias else {"bias": None}) | (
             {} if activation is None else {"activation": activation}
         )
@@ -342,6 +370,7 @@ def _forward_cases(seed: int) -> list[Case]:
     case((33, 48), 48, "square weight", "gelu")
     case((2, 5, 45), 29, "leading dimensions [2, 5]")
     case((37, 45), 29, "x a transposed view", "relu", x_transposed=True)
+    case((37, 45), 29, "weight a transposed view", "gelu", weight_transposed=True)
     case((20, 30), 17, "bias=None", "gelu", has_bias=False)
     many = runtime.by_mode(gpu=((3, 333, 777), 1000), interpreter=((130, 77), 100))
     case(*many, "many tiles", "gelu")
@@ -352,17 +381,21 @@ def _forward_cases(seed: int) -> list[Case]:
 
 
 def _run_part(fn: Callable, part: str) -> Callable:
-    """fn's output y for part "y", else the gradient autograd computes through fn for the
-    input `part` alone, given the case's random grad_output (the inputs' last)."""
+    """fn's output y for part "y"; else the gradient of the input `part` that autograd
+    computes through fn for the case's random grad_output (the inputs' last), with every
+    input requiring one, as in training, or, for part "x alone", x only, as in a frozen
+    layer."""
 
     def run(x, weight, *rest, activation=None):
         *bias_given, grad_output = rest
-        bias = bias_given[0] if bias_given else None
+        bias = bias_given[0].detach() if bias_given else None
         leaves = {"x": x.detach(), "weight": weight.detach(), "bias": bias}
-        if bias is not None:
-            leaves["bias"] = bias.detach()
+        wanted = part.removesuffix(" alone")
+        trained = [wanted] if part.endswith(" alone") else ["x", "weight", "bias"]
         if part != "y":
-            leaves[part].requires_grad_(True)
+            for name in trained:
+                if leaves[name] is not None:
+                    leaves[name].requires_grad_(True)
         kwargs = {} if activation is None else {"activation": activation}
         y = fn(leaves["x"], leaves["weight"], leaves["bias"], **kwargs)
         if part == "y":
@@ -370,17 +403,23 @@ def _run_part(fn: Callable, part: str) -> Callable:
         if not isinstance(y, torch.Tensor) or y.grad_fn is None:
             raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
         if y.shape != grad_output.shape:
-            raise ValueError(f"y has shape {list(y.shape)}, expected {list(grad_output.shape)}")
-        (grad,) = torch.autograd.grad(y, [leaves[part]], grad_output, allow_unused=True)
+            raise WrongOutputShape(f"y has shape {list(y.shape)}, not {list(grad_output.shape)}")
+        inputs = [leaves[name] for name in trained if leaves[name] is not None]
+        with counting_launches() as launches:
+            grads = torch.autograd.grad(y, inputs, grad_output, allow_unused=True)
+        if launches[0] == 0:
+            raise NoKernelInBackward("the backward launched no Triton kernel")
+        grad = grads[[name for name in trained if leaves[name] is not None].index(wanted)]
         if grad is None:
-            raise MissingGradient(f"backward returned None as the gradient of `{part}`")
+            raise MissingGradient(f"backward returned None as the gradient of `{wanted}`")
         return grad
 
     return run
 
 
 RELU_DEAD_ZONE = 0.05  # |z| below this gets no gradient in the ReLU cases
-PARTS = {"y": "forward: y", "x": "grad_x", "weight": "grad_weight", "bias": "grad_bias"}
+PARTS = {"y": "forward: y", "x": "grad_x", "weight": "grad_weight", "bias": "grad_bias",
+         "x alone": "grad_x, weight and bias frozen"}  # fmt: skip
 
 
 def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
@@ -388,7 +427,8 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
     generator = case_generator(seed)
     cases = []
 
-    def layer(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True):
+    def layer(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True,
+              frozen=False, g_transposed=False):  # fmt: skip
         # y near 1, so that a mistake that multiplies by y is told apart within the tolerance
         inputs = _layer(generator, x_shape, out_features, dtype, has_bias, layer_scale=True)
         grad_output = random_input(generator, (*x_shape[:-1], out_features), dtype)
@@ -397,6 +437,8 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
             # either slope is right, so the output's gradient is 0 there
             z = references.linear(*(t.double() for t in inputs))
             grad_output = grad_output.masked_fill(z.abs() < RELU_DEAD_ZONE, 0.0)
+        if g_transposed:  # the same values, column-major, as autograd may hand them over
+            grad_output = grad_output.t().contiguous().t()
         inputs += (grad_output,)
         label = _describe(x_shape, out_features, activation, dtype, why, has_bias)
         names = (
@@ -404,11 +446,11 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
         )
         rows = math.prod(x_shape[:-1])
         for part, what in PARTS.items():
-            if part == "bias" and not has_bias:
+            if (part == "bias" and not has_bias) or (part == "x alone" and not frozen):
                 continue
             # the sum each result is made of: in_features terms for y, out_features for
             # grad_x, one per row for grad_weight and grad_bias
-            terms = {"y": x_shape[-1], "x": out_features}.get(part, rows)
+            terms = {"y": x_shape[-1], "x": out_features, "x alone": out_features}.get(part, rows)
             cases.append((part, Case(
                 f"{label}: {what}", inputs, _kind(x_shape, dtype), _tolerance(dtype),
                 math.sqrt(terms), {} if activation is None else {"activation": activation},
@@ -421,8 +463,8 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
                 input_names=names,
             )))  # fmt: skip
 
-    layer((37, 45), 29, "in > out")
-    layer((2, 5, 45), 29, "leading dimensions [2, 5]", "relu")
+    layer((37, 45), 29, "in > out, grad_output column-major", frozen=True, g_transposed=True)
+    layer((2, 5, 45), 29, "leading dimensions [2, 5]", "relu", frozen=True)
     layer((48, 48), 48, "square: M = in = out", "gelu")
     layer((20, 30), 17, "bias=None", "gelu", has_bias=False)
     many = runtime.by_mode(gpu=((4, 100, 300), 200), interpreter=((70, 50), 60))
@@ -439,7 +481,7 @@ def _part_reference(part: str, activation: str | None, has_bias: bool) -> Callab
         if part == "y":
             return references.linear(x, weight, bias, activation)
         grads = references.linear_grads(x, weight, bias, rest[-1], activation)
-        return grads[("x", "weight", "bias").index(part)]
+        return grads[("x", "weight", "bias").index(part.removesuffix(" alone"))]
 
     return reference
 
@@ -463,12 +505,17 @@ def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
     shown = {SQUARE_ONLY[r.hint]: r.hint for r in results if r.hint in SQUARE_ONLY}
     plain_pass = all(r.passed for c, r in zip(cases, results) if c.kind == "")
     for case, result in zip(cases, results):
-        part = case.kwargs.get("part", "y")
+        part = case.kwargs.get("part", "y").removesuffix(" alone")
         vague = {HINTS.read_past_end, HINTS.load_out_of_bounds, HINTS.wrong_values, HINTS.zeros,
                  RAISED_HINT, GRADIENT_SHAPE_HINT.format(name=part), None}  # fmt: skip
         if result.passed:
             continue
-        if part in shown and result.hint in vague:
+        # with every input requiring a gradient, one of the wrong shape stops all of them
+        wrong_shape = [p for p in ("x", "weight", "bias") if GRADIENT_SHAPE_HINT.format(name=p)
+                       == result.hint and p in shown]  # fmt: skip
+        if wrong_shape:
+            result.hint = shown[wrong_shape[0]]
+        elif part in shown and result.hint in vague:
             result.hint = shown[part]
         elif case.kind == "leading" and plain_pass and "unwritten" in result.kinds:
             result.hint = LEADING_DIMS_HINT

@@ -35,6 +35,9 @@ class Exercise:
     checker: str  # a name in course_lib, e.g. "check_vector_add"
     function: str  # the learner's function it checks, e.g. "add"
     answer_ids: tuple[str, ...]  # the answer cells since the previous check
+    # whether the course's answer cells define a @triton.jit kernel; False where the answer
+    # joins kernels written before (an autograd.Function over them, say)
+    writes_kernel: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def _check_call(source: str, where: str) -> tuple[str, str]:
 def load_lesson(path: Path) -> Lesson:
     """Read a course lesson notebook: its code cells in order, and its exercises."""
     nb = nbformat.read(path, as_version=4)
-    cells, exercises, answers = [], [], []
+    cells, exercises, answers, writes_kernel = [], [], [], False
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -82,12 +85,15 @@ def load_lesson(path: Path) -> Lesson:
         if meta.get("solution"):
             cells.append({"kind": "answer", "source": cell.source, "grade_id": grade_id})
             answers.append(grade_id)
+            writes_kernel = writes_kernel or "@triton.jit" in cell.source
         elif meta.get("grade"):
             checker, function = _check_call(cell.source, where)
             points = float(meta.get("points", 0))
-            exercises.append(Exercise(grade_id, points, checker, function, tuple(answers)))
+            exercises.append(
+                Exercise(grade_id, points, checker, function, tuple(answers), writes_kernel)
+            )
             cells.append({"kind": "check", "source": cell.source, "grade_id": grade_id})
-            answers = []
+            answers, writes_kernel = [], False
         else:
             cells.append({"kind": "setup", "source": cell.source, "grade_id": None})
     if not exercises:
@@ -219,9 +225,10 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
                         f"{exercise.function} returns {torch_result}, which PyTorch computes: "
                         "return the tensor your kernel wrote"
                     )
-    if not jitted:
+    # an exercise that joins kernels written before has no kernel of its own to launch
+    if exercise.writes_kernel and not jitted:
         found.flags.append("defines no @triton.jit kernel in its answer")
-    elif not jitted & launched:
+    elif exercise.writes_kernel and not jitted & launched:
         found.flags.append("launches none of its @triton.jit kernels with kernel[grid](...)")
     found.flags = list(dict.fromkeys(found.flags))  # once each, in order
     found.forbidden = list(dict.fromkeys(found.forbidden))

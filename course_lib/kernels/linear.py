@@ -16,6 +16,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
 from course_lib.kernels import matmul_fast_paths as fast
@@ -58,8 +59,8 @@ def linear_kernel(
         a_ptrs, b_ptrs, K, stride_ak, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION,
         ACC_DTYPE,
     )  # fmt: skip
-    if HAS_BIAS:  # bias[n] on every row of column n; columns past N read bias[0], never stored
-        acc += tl.load(bias_ptr + offs_bn).to(ACC_DTYPE)[None, :]
+    if HAS_BIAS:  # bias[n] on every row of column n
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(ACC_DTYPE)[None, :]
     offs_c = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SAVE_Z:  # the pre-activation, which gelu's slope needs in the backward
@@ -126,18 +127,20 @@ def _accumulator(dtype: torch.dtype):
 
 def product(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-    activation: str | None = None, save_z: bool = False,
+    activation: str | None = None, save_z: bool = False, out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(activation(a @ b + bias), a @ b + bias where save_z else None) for a [M, K] and
-    b [K, N] of any strides, new contiguous [M, N] tensors; arguments already checked.
+    b [K, N] of any strides: new contiguous [M, N] tensors, the first `out` where given
+    (contiguous); arguments already checked.
 
     A plain product of 16- or 32-bit operands goes to lesson 05's finished `matmul`, with
     its expert paths; on the GPUs that have it, a large one with a bias or an activation
     to its persistent TMA kernel, whose epilogue adds them; the rest to linear_kernel."""
     (M, K), N = a.shape, b.shape[1]
-    if bias is None and activation is None and not save_z and a.dtype != torch.float64:
+    plain = bias is None and activation is None and not save_z and out is None
+    if plain and a.dtype != torch.float64:
         return matmul(a, b), None
-    c = a.new_empty((M, N))
+    c = a.new_empty((M, N)) if out is None else out
     z = a.new_empty((M, N)) if save_z else c  # c stands in for an unused pointer
     if M * N == 0:
         return c, z if save_z else None
@@ -201,6 +204,16 @@ def output_grad(
     return gz, grad_bias
 
 
+def _forward(x, weight, bias, activation, save_z=False):
+    """(y [..., out], z [M, out] or None, x flattened to [M, in]): the forward's product
+    written straight into y, so that y is no view and may be changed in place."""
+    rows = math.prod(x.shape[:-1])  # every leading dimension: M
+    x2d = x.reshape(rows, x.shape[-1])  # a view where x's strides allow, else a copy
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    _, z = product(x2d, weight.t(), bias, activation, save_z, out=y.view(rows, weight.shape[0]))
+    return y, z, x2d
+
+
 class LinearFunction(torch.autograd.Function):
     """activation(x @ weight^T + bias) with its backward in Triton. Saves only what the
     backward will use: x for grad_weight, weight for grad_x, and for the activation's
@@ -208,22 +221,22 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
-        rows = math.prod(x.shape[:-1])  # every leading dimension: M
-        x2d = x.reshape(rows, x.shape[-1])  # a view where x's strides allow, else a copy
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         any_grad = needs_x or needs_weight or needs_bias
         save_z = activation == "gelu" and any_grad
-        y2d, z = product(x2d, weight.t(), bias, activation, save_z)
-        saved = z if save_z else y2d if activation == "relu" and any_grad else None
+        y, z, x2d = _forward(x, weight, bias, activation, save_z)
+        saved = z if save_z else y if activation == "relu" and any_grad else None
         ctx.save_for_backward(x2d if needs_weight else None, weight if needs_x else None, saved)
         ctx.activation, ctx.x_shape = activation, x.shape
-        return y2d.view(*x.shape[:-1], weight.shape[0])
+        return y
 
     @staticmethod
+    @once_differentiable  # the backward's kernels record no graph of their own
     def backward(ctx, grad_y):
         x2d, weight, saved = ctx.saved_tensors
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
+        saved = None if saved is None else saved.reshape(g.shape)
         gz, grad_bias = output_grad(g, saved, ctx.activation, needs_bias)
         grad_x = product(gz, weight)[0].view(ctx.x_shape) if needs_x else None
         grad_weight = product(gz.t(), x2d)[0] if needs_weight else None
@@ -240,7 +253,8 @@ def linear(
     x is [..., in_features] with any leading dimensions, weight [out_features, in_features]
     and bias [out_features] or None, all of one dtype (float16, bfloat16 on a GPU, float32,
     float64) and device; activation is None, "relu" or "gelu" (torch's exact GELU). Any
-    strides. float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it."""
+    strides. float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it.
+    torch.autocast does not cast for it: under autocast, give every tensor one dtype."""
     _check(x, weight, bias, activation)
     tracked = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -249,8 +263,7 @@ def linear(
         return LinearFunction.apply(x, weight, bias, activation)
     # nothing to differentiate: skip autograd's bookkeeping, a good part of a small
     # layer's host time
-    y2d, _ = product(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), weight.t(), bias, activation)
-    return y2d.view(*x.shape[:-1], weight.shape[0])
+    return _forward(x, weight, bias, activation)[0]
 
 
 def _check(x, weight, bias, activation) -> None:
@@ -268,6 +281,13 @@ def _check(x, weight, bias, activation) -> None:
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(
             f"linear: bias must be [out_features] = [{weight.shape[0]}], got {list(bias.shape)}"
+        )
+    rows, (out_features, in_features) = math.prod(x.shape[:-1]), weight.shape
+    if max(rows * in_features, rows * out_features, weight.numel()) >= 2**31:
+        raise ValueError(
+            f"linear: x {list(x.shape)} with weight {list(weight.shape)} has a matrix of 2^31 "
+            "elements or more, past what these kernels' 32-bit offsets address; split x's rows "
+            "into batches"
         )
     for name, t in tensors.items():
         if t.dtype != x.dtype or t.device != x.device:

@@ -305,6 +305,8 @@ def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) ->
     rows too."""
     if runtime.INTERPRETED or _capability(a.get_device()) not in TMA_GPUS:
         return False
+    if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False  # a float64 product (lesson 07's gradcheck) takes linear_kernel
     if a.dtype == torch.float32 and not (tf32 and _column_major(b) and not _column_major(a)):
         return False
     return not any(_tma_rule_broken(t) for t in (_by_rows(a), _by_rows(b), c))
