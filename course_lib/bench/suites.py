@@ -201,8 +201,9 @@ def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         yield sweep
 
 
-# (rows, in_features, out_features): a large layer, a small one where the host's cost of
-# a training step's five launches and autograd shows, and a transformer MLP's first layer, [8, 512, 768] -> 3072
+# (rows, in_features, out_features): a large layer, a small one where the host's cost of a
+# training step's five launches and autograd shows, and a transformer MLP's first layer,
+# [8, 512, 768] -> 3072
 LARGE_LAYER = (8192, 4096, 4096)
 LINEAR_SHAPES = [LARGE_LAYER, (1024, 1024, 1024), (8 * 512, 768, 3072)]
 LINEAR_TARGETS = [Target("torch", 0.95, _at(LARGE_LAYER), f"at {label(LARGE_LAYER)}")]
