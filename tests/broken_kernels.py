@@ -1333,8 +1333,8 @@ def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
 
 
 def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swapped_strides=False,
-                    first_rows=False, keep_2d=False, act=..., **mistake):  # fmt: skip
-    x2d = x.reshape(-1, x.shape[-1])
+                    first_rows=False, keep_2d=False, act=..., view=False, **mistake):  # fmt: skip
+    x2d = x.view(-1, x.shape[-1]) if view else x.reshape(-1, x.shape[-1])
     w_t = weight.t()
     strides = (weight.stride(0), weight.stride(1)) if swapped_strides else None
     rows = x.shape[0] if first_rows else None  # mistake: M = x.shape[0]
@@ -1379,6 +1379,10 @@ def linear_forward_not_reshaped(x, weight, bias=None, activation=None):
     return _linear_forward(x, weight, bias, activation, keep_2d=True)
 
 
+def linear_forward_views_x(x, weight, bias=None, activation=None):
+    return _linear_forward(x, weight, bias, activation, view=True)
+
+
 def linear_forward_fp32_accumulator(x, weight, bias=None, activation=None):
     return _linear_forward(x, weight, bias, activation, acc=tl.float32)
 
@@ -1392,7 +1396,7 @@ def _slope(saved, activation):
 
 
 def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", grad_bias="right",
-                     count=4):  # fmt: skip
+                     count=4, view=False):  # fmt: skip
     """A LinearFunction with one mistake in its backward, chosen by keyword."""
 
     class LinearFunction(torch.autograd.Function):
@@ -1407,7 +1411,7 @@ def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", gr
         @staticmethod
         def backward(ctx, grad_y):
             x2d, weight, z, y = ctx.saved_tensors
-            g = grad_y.reshape(-1, grad_y.shape[-1])
+            g = (grad_y.view if view else grad_y.reshape)(-1, grad_y.shape[-1])
             y = y.reshape(len(g), -1)
             if slope != "none" and ctx.activation is not None:  # mistake "none": no slope
                 g = (g.double() * _slope(y if slope == "y" else z, ctx.activation)).to(g.dtype)
@@ -1453,6 +1457,7 @@ linear_autograd_bias_wrong_axis = _linear_function(
 linear_autograd_no_bias_gradient = _linear_function(
     "linear_autograd_no_bias_gradient", grad_bias="none"
 )
+linear_autograd_views_grad = _linear_function("linear_autograd_views_grad", view=True)
 linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradients", count=3)
 
 

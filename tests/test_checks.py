@@ -1275,6 +1275,7 @@ LINEAR_FAMILIES = {
     "function": ["the result carries no gradient"],
     "count": ["one value per argument of forward"],
     "missing": ["backward must return a gradient"],
+    "view": ["has no view of the shape"],
 }
 SQUARE = "weight [48, 48]"
 LINEAR_MISTAKES = [
@@ -1311,12 +1312,16 @@ LINEAR_MISTAKES = [
     (broken.linear_autograd_grad_weight_from_y, f"{SQUARE} (square: M = in = out), "
      "activation='gelu', float32: grad_weight", "multiplies by the layer's input x",
      {"saved"}),
-    (broken.linear_autograd_rows_of_first_dim, "(leading dimensions [2, 5]), "
+    (broken.linear_autograd_rows_of_first_dim, "grad_output transposed), "
      "activation='relu', float32: grad_bias", "x has leading dimensions", {"leading"}),
     (broken.linear_autograd_bias_wrong_axis, "column-major), activation=None, float32: grad_bias",
      "grad_bias was summed along the wrong axis", {"grad_bias"}),
     (broken.linear_autograd_no_bias_gradient, "float32: grad_bias",
      "backward must return a gradient", {"missing"}),
+    (broken.linear_forward_views_x, "(leading dimensions of a transposed x)",
+     "has no view of the shape", {"view"}),
+    (broken.linear_autograd_views_grad, "grad_output transposed), activation='relu', float32: "
+     "grad_x", "has no view of the shape", {"view"}),
     (broken.linear_autograd_three_gradients, "float32: grad_x",
      "one value per argument of forward", {"count"}),
     (broken.linear_autograd_without_function, "float32: grad_weight",

@@ -332,7 +332,7 @@ def run_check(
 
 CONTEXT_LOST = "the GPU stopped your kernel: an illegal memory access"
 NOT_RUN_YET = "not run until every case above passes"
-RAISED_HINT = "read the error above: it happened inside your launcher or kernel"
+RAISED_HINT = "read the error above, and the line of your code it names where there is one"
 NO_LAUNCH_HINT = (
     "the result came from PyTorch, not from a kernel of yours: launch your kernel with "
     "kernel[grid](...) and return the tensor it wrote"

@@ -62,9 +62,10 @@ NO_SLOPE_HINT = (
     "gz = grad_y * activation'(z), and grad_x, grad_weight and grad_bias all use gz"
 )
 SLOPE_AT_OUTPUT_HINT = (
-    "gelu's derivative was taken at the output y = gelu(z): it needs the pre-activation z, "
-    "so forward must save z (linear_forward(..., save_z=True)), not y. (ReLU may use y: it "
-    "is positive exactly where z is)"
+    "gelu's derivative was taken at the output y = gelu(z): it needs the pre-activation z. "
+    "Forward must save z (linear_forward(..., save_z=True)), not y, and the kernel must "
+    "store z before it applies the activation. (ReLU may use y: it is positive exactly "
+    "where z is)"
 )
 GRAD_X_TRANSPOSED_HINT = (
     "grad_x = gz @ weight, with weight [out_features, in_features] read as it is: you used "
@@ -97,6 +98,11 @@ GRADIENT_COUNT_HINT = (
 NO_KERNEL_IN_BACKWARD_HINT = (
     "your backward computed the gradients with PyTorch alone: compute them with your "
     "kernels, product(gz, weight), product(gz.t(), x2d) and output_grad"
+)
+VIEW_HINT = (
+    "a tensor with these strides has no view of the shape you asked for: flatten x and "
+    "the output's gradient with reshape, which gives a view where one exists and a copy "
+    "otherwise, never with view"
 )
 NONE_FOR_NONE_HINT = (
     "backward returned a gradient for an input that has none: None for bias when there is "
@@ -169,6 +175,8 @@ def _raised(kind: str, message: str) -> str | None:
         return own[kind]
     if "returned a gradient different than None" in message:
         return NONE_FOR_NONE_HINT
+    if "Use .reshape(" in message:
+        return VIEW_HINT
     if "incorrect number of gradients" in message:
         return GRADIENT_COUNT_HINT
     if match := _INVALID_GRADIENT.search(message):
@@ -309,8 +317,10 @@ def _layer(generator, x_shape, out_features, dtype, has_bias=True, x_transposed=
     `layer_scale`, weight and bias scaled by 1 / sqrt(in_features) like nn.Linear's, so
     that y stays near 1 too."""
     in_features = x_shape[-1]
-    if x_transposed:  # a [rows, in] view of an [in, rows] tensor
+    if x_transposed and len(x_shape) == 2:  # a [rows, in] view of an [in, rows] tensor
         x = random_input(generator, x_shape[::-1], dtype).t()
+    elif x_transposed:  # [B, T, in] from a [T, B, in] tensor: no view flattens it
+        x = random_input(generator, (x_shape[1], x_shape[0], *x_shape[2:]), dtype).transpose(0, 1)
     else:
         x = random_input(generator, x_shape, dtype)
     scale = 1 / math.sqrt(in_features) if layer_scale else 1.0
@@ -369,6 +379,7 @@ def _forward_cases(seed: int) -> list[Case]:
     case((29, 37), 45, "out > in", "relu")
     case((33, 48), 48, "square weight", "gelu")
     case((2, 5, 45), 29, "leading dimensions [2, 5]")
+    case((2, 5, 45), 29, "leading dimensions of a transposed x", "relu", x_transposed=True)
     case((37, 45), 29, "x a transposed view", "relu", x_transposed=True)
     case((37, 45), 29, "weight a transposed view", "gelu", weight_transposed=True)
     case((20, 30), 17, "bias=None", "gelu", has_bias=False)
@@ -437,8 +448,8 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
             # either slope is right, so the output's gradient is 0 there
             z = references.linear(*(t.double() for t in inputs))
             grad_output = grad_output.masked_fill(z.abs() < RELU_DEAD_ZONE, 0.0)
-        if g_transposed:  # the same values, column-major, as autograd may hand them over
-            grad_output = grad_output.t().contiguous().t()
+        if g_transposed:  # the same values with other strides, as autograd may hand them over
+            grad_output = grad_output.transpose(0, 1).contiguous().transpose(0, 1)
         inputs += (grad_output,)
         label = _describe(x_shape, out_features, activation, dtype, why, has_bias)
         names = (
@@ -464,7 +475,8 @@ def _autograd_cases(seed: int) -> list[tuple[str, Case]]:
             )))  # fmt: skip
 
     layer((37, 45), 29, "in > out, grad_output column-major", frozen=True, g_transposed=True)
-    layer((2, 5, 45), 29, "leading dimensions [2, 5]", "relu", frozen=True)
+    layer((2, 5, 45), 29, "leading dimensions [2, 5], grad_output transposed", "relu",
+          frozen=True, g_transposed=True)  # fmt: skip
     layer((48, 48), 48, "square: M = in = out", "gelu")
     layer((20, 30), 17, "bias=None", "gelu", has_bias=False)
     many = runtime.by_mode(gpu=((4, 100, 300), 200), interpreter=((70, 50), 60))
