@@ -188,6 +188,15 @@ def linear_activation_slope(z: torch.Tensor, name: str | None) -> torch.Tensor:
     return torch.ones_like(z)
 
 
+def linear_preactivation(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """z = x @ weight^T + bias in float64, with every leading dimension of x flattened
+    into M rows: [M, out]."""
+    z = x.double().reshape(-1, weight.shape[1]) @ weight.double().t()
+    return z if bias is None else z + bias.double()
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     activation: str | None = None,
@@ -197,10 +206,9 @@ def linear(
 
     With x flattened to [M, in]: reads M·in + out·in + out elements and writes M·out;
     2·M·in·out floating-point operations. The backward (linear_grads) costs twice that."""
-    z = x.double() @ weight.double().t()
-    if bias is not None:
-        z = z + bias.double()
-    return linear_activation(z, activation).to(x.dtype)
+    z = linear_preactivation(x, weight, bias)
+    y = linear_activation(z, activation).to(x.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear_grads(
@@ -211,15 +219,12 @@ def linear_grads(
     in float64 and rounded once to x's dtype. With g = grad_output · activation'(z) and every
     leading dimension flattened into M rows: grad_x = g @ weight, grad_weight = g^T @ x
     (summed over all M rows), grad_bias = g summed over the M rows (None without a bias)."""
-    in_features = weight.shape[1]
-    x2d = x.double().reshape(-1, in_features)
-    z = x2d @ weight.double().t()
-    if bias is not None:
-        z = z + bias.double()
+    z = linear_preactivation(x, weight, bias)
     g = grad_output.double().reshape(z.shape) * linear_activation_slope(z, activation)
     grad_x = (g @ weight.double()).reshape(x.shape)
+    grad_weight = g.t() @ x.double().reshape(-1, weight.shape[1])
     grad_bias = None if bias is None else g.sum(dim=0).to(x.dtype)
-    return grad_x.to(x.dtype), (g.t() @ x2d).to(x.dtype), grad_bias
+    return grad_x.to(x.dtype), grad_weight.to(x.dtype), grad_bias
 
 
 def linear_flops(rows: int, in_features: int, out_features: int) -> int:

@@ -114,24 +114,6 @@ GRADIENT_SHAPE_HINT = (
     "gz summed over every row"
 )
 
-HINTS = replace(
-    MATMUL_HINTS,
-    read_past_end=(
-        "NaN where the reference is finite: a load read outside its tensor (the memory around "
-        "them holds NaN during a check). Check the weight's strides (weight^T is read with "
-        "stride_bk = weight.stride(1), stride_bn = weight.stride(0)), the K mask and the bias's "
-        "mask"
-    ),
-    load_out_of_bounds=(
-        "a load reached outside its tensor: check the weight's strides first (weight^T is read "
-        "with stride_bk = weight.stride(1), stride_bn = weight.stride(0)), then the K mask of "
-        "both loads and the bias's mask"
-    ),
-    dtype=(
-        "y must have x's dtype: allocate it with x.dtype and store acc.to(c_ptr.dtype.element_ty)"
-    ),
-)
-
 
 class NoGradient(RuntimeError):
     """The checked function's result is not part of an autograd graph."""
@@ -185,7 +167,25 @@ def _raised(kind: str, message: str) -> str | None:
     return None
 
 
-HINTS = replace(HINTS, wrong_shape=_wrong_shape, raised=_raised)
+HINTS = replace(
+    MATMUL_HINTS,
+    read_past_end=(
+        "NaN where the reference is finite: a load read outside its tensor (the memory around "
+        "them holds NaN during a check). Check the weight's strides (weight^T is read with "
+        "stride_bk = weight.stride(1), stride_bn = weight.stride(0)), the K mask and the bias's "
+        "mask"
+    ),
+    load_out_of_bounds=(
+        "a load reached outside its tensor: check the weight's strides first (weight^T is read "
+        "with stride_bk = weight.stride(1), stride_bn = weight.stride(0)), then the K mask of "
+        "both loads and the bias's mask"
+    ),
+    dtype=(
+        "y must have x's dtype: allocate it with x.dtype and store acc.to(c_ptr.dtype.element_ty)"
+    ),
+    wrong_shape=_wrong_shape,
+    raised=_raised,
+)
 
 
 # --- what the usual mistakes compute, in float64 -----------------------------------------
@@ -256,9 +256,7 @@ def _grads64(x, weight, bias, grad_output, activation, *, slope_at_output=False,
     activation's slope, taken at y where `slope_at_output`, left out where `no_slope`;
     only the first `rows` rows where given."""
     x2d = x.double().reshape(-1, x.shape[-1])
-    z = x2d @ weight.double().t()
-    if bias is not None:
-        z = z + bias.double()
+    z = references.linear_preactivation(x, weight, bias)
     y = references.linear_activation(z, activation)
     g = grad_output.double().reshape(z.shape)
     if not no_slope:
@@ -403,10 +401,10 @@ def _run_part(fn: Callable, part: str) -> Callable:
         leaves = {"x": x.detach(), "weight": weight.detach(), "bias": bias}
         wanted = part.removesuffix(" alone")
         trained = [wanted] if part.endswith(" alone") else ["x", "weight", "bias"]
+        trained = [name for name in trained if leaves[name] is not None]
         if part != "y":
             for name in trained:
-                if leaves[name] is not None:
-                    leaves[name].requires_grad_(True)
+                leaves[name].requires_grad_(True)
         kwargs = {} if activation is None else {"activation": activation}
         y = fn(leaves["x"], leaves["weight"], leaves["bias"], **kwargs)
         if part == "y":
@@ -415,12 +413,13 @@ def _run_part(fn: Callable, part: str) -> Callable:
             raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
         if y.shape != grad_output.shape:
             raise WrongOutputShape(f"y has shape {list(y.shape)}, not {list(grad_output.shape)}")
-        inputs = [leaves[name] for name in trained if leaves[name] is not None]
         with counting_launches() as launches:
-            grads = torch.autograd.grad(y, inputs, grad_output, allow_unused=True)
+            grads = torch.autograd.grad(
+                y, [leaves[name] for name in trained], grad_output, allow_unused=True
+            )
         if launches[0] == 0:
             raise NoKernelInBackward("the backward launched no Triton kernel")
-        grad = grads[[name for name in trained if leaves[name] is not None].index(wanted)]
+        grad = grads[trained.index(wanted)]
         if grad is None:
             raise MissingGradient(f"backward returned None as the gradient of `{wanted}`")
         return grad
