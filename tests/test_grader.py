@@ -377,6 +377,21 @@ def test_review_leaves_size_arithmetic_alone():
     assert lesson_module.review(exercise, {"ex": source}).forbidden == []
 
 
+def test_review_reads_a_launchers_body_not_its_decorators():
+    """Lesson 08 registers the launcher as an operator: the decorator computes nothing."""
+    source = (
+        "@triton.jit\ndef k(x_ptr):\n    pass\n"
+        '@torch.library.custom_op("l::add", mutates_args=())\n'
+        "def add(x: torch.Tensor) -> torch.Tensor:\n    out = torch.empty_like(x)\n"
+        "    k[(1,)](out)\n    return out\n"
+    )
+    exercise = lesson_module.Exercise("check-x", 1, "check_vector_add", "add", ("ex",))
+    found = lesson_module.review(exercise, {"ex": source})
+    assert (found.forbidden, found.flags) == ([], [])
+    torch_in_body = source.replace("    k[(1,)](out)", "    out = torch.softmax(x, -1)")
+    assert lesson_module.review(exercise, {"ex": torch_in_body}).flags
+
+
 def test_a_lesson_whose_check_cell_is_not_a_plain_check_is_refused(tmp_path):
     nb = nbformat.v4.new_notebook()
     meta = {"nbgrader": {"grade": True, "grade_id": "check-x", "points": 1}}

@@ -20,7 +20,7 @@ from course_lib.bench.sweep import (
     matmul_peak,
     run_sweep,
 )
-from course_lib.bench.timing import tflop_per_s
+from course_lib.bench.timing import gb_per_s, tflop_per_s
 from course_lib.kernels import add_2d, conv2d, linear, matmul, relu, softmax, vector_add
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
@@ -266,6 +266,149 @@ def linear_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         yield run_sweep(sweep, kernel, baselines, LINEAR_SHAPES, make_inputs, throughput, 3)
 
 
+# lesson 08: the same kernels as operators inside torch.compile
+COMPILED_SOFTMAX_SHAPES = [(4096, 781), (8192, 4096)]
+EAGER_KERNEL = "eager kernel"  # the finished kernel called directly, as lessons 04-07 do
+AS_EAGER = [Target(EAGER_KERNEL, 0.97, lambda point: True, "at every shape")]
+# lessons 04 and 05 shapes where the host's cost per call shows
+HOST_BOUND_SOFTMAX, HOST_BOUND_MATMUL = (4096, 781), (1024, 1024, 1024)
+# (rows, width, hidden): an MLP block x + W2 gelu(W1 x + b1) + b2, forward and backward
+BLOCK_SHAPES = [(8 * 512, 768, 3072), (8192, 1024, 4096)]
+
+
+def _mlp_block(linear_fn, gelu_fused: bool):
+    def block(x, w1, b1, w2, b2):
+        if gelu_fused:
+            hidden = linear_fn(x, w1, b1, "gelu")
+        else:
+            hidden = torch.nn.functional.gelu(linear_fn(x, w1, b1))
+        return x + linear_fn(hidden, w2, b2)
+
+    return block
+
+
+def _block_step(block):
+    """A training step's work of the block: forward, then every gradient for the output's
+    gradient g; returns grad_w1, for the check."""
+
+    def step(x, w1, b1, w2, b2, g):
+        return torch.autograd.grad(block(x, w1, b1, w2, b2), (x, w1, b1, w2, b2), g)[1]
+
+    return step
+
+
+def compiled_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """The finished kernels as operators (course_lib.ops) inside torch.compile: against
+    their own eager calls, then where the host's cost per call dominates, with CUDA graphs
+    (mode="reduce-overhead") against torch eager and torch's own op compiled the same way
+    (what CUDA graphs can at best give one op), then an MLP block four ways."""
+    from course_lib import ops
+
+    compiled = lambda fn, **options: torch.compile(fn, fullgraph=True, dynamic=False, **options)
+
+    def softmax_inputs(point):
+        return (torch.randn(*point, device=runtime.DEVICE),)
+
+    sweep = Sweep("softmax operator in torch.compile, rows x cols", torch.float32, ceiling_gbps)
+    sweep.targets = AS_EAGER
+    # torch's own op compiled: what entering compiled code costs any op, the bound here
+    yield run_sweep(
+        sweep, compiled(ops.softmax),
+        {EAGER_KERNEL: softmax.softmax, "torch": _torch_softmax,
+         "torch, compiled": compiled(_torch_softmax)},
+        COMPILED_SOFTMAX_SHAPES, softmax_inputs,
+        lambda point, ms: gb_per_s(references.softmax_bytes(*point, torch.float32), ms),
+    )  # fmt: skip
+
+    dtype, peak = torch.bfloat16, matmul_peak(torch.bfloat16)
+
+    def layer_inputs(point):
+        return _layer_inputs(point, dtype, requires_grad=True)
+
+    def three_products(point, ms):
+        return tflop_per_s(3 * references.linear_flops(*point), ms)
+
+    sweep = Sweep("linear operator in torch.compile, forward + backward, rows x in x out",
+                  dtype, peak, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+    sweep.targets = AS_EAGER
+    yield run_sweep(
+        sweep, _forward_backward(compiled(ops.linear)),
+        {EAGER_KERNEL: _forward_backward(linear.linear),
+         "torch": _forward_backward(torch.nn.functional.linear),
+         "torch, compiled": _forward_backward(compiled(torch.nn.functional.linear))},
+        LINEAR_SHAPES, layer_inputs, three_products, 3,
+    )  # fmt: skip
+
+    # CUDA graphs replay on fixed addresses: an input that is not marked static is copied
+    # into the graph's own buffer on every call, as much traffic again as a softmax. A loop
+    # that fills one buffer per batch marks it, as here
+    def static(*tensors):
+        for t in tensors:
+            torch._dynamo.mark_static_address(t)
+        return tensors
+
+    def matmul_inputs(point):
+        M, N, K = point
+        make = lambda *shape: torch.randn(*shape, device=runtime.DEVICE, dtype=torch.float16)  # noqa: E731
+        return static(make(M, K), make(K, N))
+
+    graphs = lambda fn: compiled(fn, mode="reduce-overhead")  # noqa: E731
+    in_a_loop = [Target("torch", 0.9, lambda point: True, "in a loop (do_bench)")]
+    sweep = Sweep("softmax operator, CUDA graphs, rows x cols", torch.float32, ceiling_gbps)
+    sweep.targets = in_a_loop
+    yield run_sweep(
+        sweep, graphs(ops.softmax),
+        {"torch": _torch_softmax, "torch, reduce-overhead": graphs(_torch_softmax),
+         EAGER_KERNEL: softmax.softmax},
+        [HOST_BOUND_SOFTMAX], lambda point: static(*softmax_inputs(point)),
+        lambda point, ms: gb_per_s(references.softmax_bytes(*point, torch.float32), ms),
+    )  # fmt: skip
+    sweep = Sweep("matmul operator, CUDA graphs, M x N x K", torch.float16,
+                  matmul_peak(torch.float16), unit="TFLOP/s",
+                  ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+    sweep.targets = in_a_loop
+    yield run_sweep(
+        sweep, graphs(ops.matmul),
+        {"torch": torch.matmul, "torch, reduce-overhead": graphs(torch.matmul),
+         EAGER_KERNEL: matmul.matmul},
+        [HOST_BOUND_MATMUL], matmul_inputs,
+        lambda point, ms: tflop_per_s(2 * point[0] * point[1] * point[2], ms),
+    )  # fmt: skip
+
+    def block_inputs(point):
+        rows, width, hidden = point
+        make = lambda *shape, scale=1.0: (  # noqa: E731
+            torch.randn(*shape, device=runtime.DEVICE, dtype=dtype) * scale
+        ).requires_grad_()
+        # the weights stay put, as a module's parameters do; x and g are a new batch's
+        weights = static(make(hidden, width, scale=width**-0.5), make(hidden),
+                         make(width, hidden, scale=hidden**-0.5), make(width))  # fmt: skip
+        return (
+            make(rows, width),
+            *weights,
+            torch.randn(rows, width, device=runtime.DEVICE, dtype=dtype),
+        )
+
+    def block_rate(point, ms):
+        rows, width, hidden = point
+        return tflop_per_s(3 * 2 * references.linear_flops(rows, width, hidden), ms)
+
+    torch_block = _mlp_block(torch.nn.functional.linear, gelu_fused=False)
+    sweep = Sweep("MLP block x + W2 gelu(W1 x), forward + backward, rows x width x hidden",
+                  dtype, peak, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+    yield run_sweep(
+        sweep, _block_step(compiled(_mlp_block(ops.linear, True), mode="reduce-overhead")),
+        {"torch": _block_step(torch_block),
+         "torch.compile": _block_step(compiled(torch_block)),
+         "kernels, eager": _block_step(_mlp_block(linear.linear, True))},
+        BLOCK_SHAPES, block_inputs, block_rate, 3,
+    )  # fmt: skip
+
+
+def _torch_softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
 SUITES = {
     "add": vector_add_suite,
     "relu": relu_suite,
@@ -274,4 +417,5 @@ SUITES = {
     "matmul": matmul_suite,
     "conv2d": conv2d_suite,
     "linear": linear_suite,
+    "compiled": compiled_suite,
 }

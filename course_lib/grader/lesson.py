@@ -236,9 +236,10 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
 
 
 def _computes_outside_kernels(launcher: ast.FunctionDef) -> list[str]:
-    """torch arithmetic in the launcher itself: the result may not come from the kernel."""
+    """torch arithmetic in the launcher itself: the result may not come from the kernel.
+    Its body only: a decorator such as @torch.library.custom_op(...) computes nothing."""
     flags = []
-    for node in ast.walk(launcher):
+    for node in (inner for statement in launcher.body for inner in ast.walk(statement)):
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
             head, _, last = name.rpartition(".")

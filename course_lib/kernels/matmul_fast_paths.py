@@ -150,18 +150,23 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
 
 def _expert_launch(a, b, c, activation: str | None, tf32: bool) -> Callable | None:
     """The launch of an expert path that takes operands laid out like these, if one does."""
-    (M, K), N = a.shape, b.shape[1]
-    product = M * N * K
-    worth_it = product >= TMA_MIN_PRODUCT or (
-        product > SMALL_PRODUCT and a.dtype != torch.float32 and _column_major(b)
-    )
-    if worth_it and _tma_suits(a, b, c, tf32):
+    if tma_worth_it(a, b) and _tma_suits(a, b, c, tf32):
         precision = "tf32" if tf32 else "ieee"
         return _tma_launch_for(a, b, c, activation or "", precision, config=None)
     if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
         return None
     meta = {"ACTIVATION": activation or ""}
     return tiled_launch(b_first_launcher, b_first_autotuned_launcher, a, b, c, meta)
+
+
+def tma_worth_it(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a product of these operands is large enough for tma_matmul_kernel to beat
+    the lesson's kernel: from 2048^3 multiply-adds, or from 256^3 where b is a 16-bit
+    K-major operand, which the lesson's kernel reads slowly."""
+    product = a.shape[0] * a.shape[1] * b.shape[1]
+    return product >= TMA_MIN_PRODUCT or (
+        product > SMALL_PRODUCT and a.dtype != torch.float32 and _column_major(b)
+    )
 
 
 @triton.jit
@@ -288,7 +293,18 @@ tf32_b_first_autotuned = triton.autotune(
 )(tf32_b_first_kernel)
 tma_matmul_autotuned = triton.autotune(
     configs=tile_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
-    key=["M", "N", "K", "A_M_MAJOR", "B_K_MAJOR", "INPUT_PRECISION", "DTYPE"],
+    # the epilogue is in the key: GELU's registers can make another tile the fastest
+    key=[
+        "M",
+        "N",
+        "K",
+        "A_M_MAJOR",
+        "B_K_MAJOR",
+        "INPUT_PRECISION",
+        "DTYPE",
+        "HAS_BIAS",
+        "ACTIVATION",
+    ],
 )(tma_matmul_kernel)
 # each kernel[grid], lean: see _launch.py
 b_first_launcher = LeanLauncher(tf32_b_first_kernel)

@@ -1,0 +1,354 @@
+"""Checks for lesson 08: code that torch.compile captures whole, and operators it can call.
+
+`check_compiled(fn, *args)` is a learner's tool: it lists the graph breaks in fn with
+their reasons and lines, and compares fn compiled with fullgraph=True against the eager
+result. `check_softmax_op(op)` grades the lesson's exercise, a row softmax registered as
+an operator, through the engine: each stage of the operator's life (eager, checked by
+torch.library.opcheck, compiled, compiled for dynamic shapes) is a case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import linecache
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from course_lib import references, runtime
+from course_lib.checks.engine import (
+    Case,
+    CaseResult,
+    CheckFailed,
+    CheckResult,
+    Problem,
+    case_generator,
+    random_input,
+    run_check,
+)
+from course_lib.checks.softmax import HINTS as SOFTMAX_HINTS
+from course_lib.checks.tolerances import tolerance_for
+
+
+def compile_backend() -> str:
+    """Inductor on a GPU; in the interpreter, Dynamo and AOTAutograd without Inductor's
+    C++ build, which takes seconds per graph on a CPU (course_lib.ops uses the same)."""
+    return "aot_eager" if runtime.INTERPRETED else "inductor"
+
+
+# -- graph breaks -------------------------------------------------------------------------
+
+
+@dataclass
+class GraphBreakFound:
+    reason: str  # Dynamo's reason, first line
+    where: str  # "file, line N: code", or "" where Dynamo gave no user frame
+
+    def hint(self) -> str:
+        return next((hint for key, hint in BREAK_HINTS if key in self.reason), OTHER_BREAK_HINT)
+
+
+BREAK_HINTS = (
+    ("`print`", "print inside compiled code breaks the graph: print outside the function, "
+                "or return what you want to see"),
+    ("generic_jump", "an `if` on a tensor's value needs that value on the host: compute both "
+                     "branches and choose with torch.where"),
+    ("Data-dependent", "an `if` on a tensor's value needs that value on the host: compute "
+                       "both branches and choose with torch.where"),
+    ("item()", "Tensor.item() (and float(t), int(t)) brings a value to Python: keep it a "
+               "tensor and go on with tensor operations"),
+    ("fake tensor", "a kernel was launched while the compiler traced with fake tensors, "
+                    "which have no memory: register the launcher as an operator with "
+                    "torch.library.custom_op and give it a register_fake"),
+)  # fmt: skip
+OTHER_BREAK_HINT = "read the reason: Dynamo names what it could not trace and where"
+
+
+def graph_breaks(fn: Callable, *args) -> list[GraphBreakFound]:
+    """Each graph break Dynamo meets running fn(*args), in order. Starts from a reset
+    compiler, so that earlier compilations do not hide anything."""
+    torch.compiler.reset()
+    explanation = torch._dynamo.explain(fn)(*args)
+    found = []
+    for info in explanation.break_reasons:
+        frame = info.user_stack[-1] if info.user_stack else None
+        where = ""
+        if frame is not None:
+            code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
+            where = f"{_short_file(frame.filename)}, line {frame.lineno}: {code}"
+        found.append(GraphBreakFound(_reason(str(info.reason)), where))
+    return found
+
+
+def _reason(text: str) -> str:
+    """Dynamo's reason: its first line, and the line that explains it where there is one."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    explained = [line.removeprefix("Explanation:").strip() for line in lines[1:2]
+                 if line.startswith("Explanation:")]  # fmt: skip
+    return " — ".join(lines[:1] + explained)[:400] if lines else text[:400]
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)[:300]
+
+
+def _short_file(filename: str) -> str:
+    # a notebook cell's file is a long temporary path; its tail is what a reader knows
+    return filename.rsplit("/", 1)[-1]
+
+
+# -- check_compiled -----------------------------------------------------------------------
+
+
+def check_compiled(fn: Callable, *args, reference: Callable | None = None) -> CheckResult:
+    """Compile fn with fullgraph=True and compare fn(*args) with reference(*args), or with
+    eager fn(*args). Reports each graph break with its reason and line. Prints one line
+    when all is well; raises CheckFailed with the report otherwise."""
+    if not callable(fn):
+        raise TypeError(f"check_compiled expects your function, got {type(fn).__name__}")
+    name = getattr(fn, "__name__", "function")
+    graph = CaseResult(f"{name}: captured as one graph")
+    values = CaseResult(f"{name}: compiled with fullgraph=True, same result as eager")
+    try:
+        breaks = graph_breaks(fn, *args)
+    except Exception as error:  # noqa: BLE001  (whatever tracing raised is the finding)
+        breaks = [GraphBreakFound(f"tracing raised {type(error).__name__}: "
+                                  f"{_first_line(str(error))}", "")]  # fmt: skip
+    for found in breaks:
+        graph.problems.append(Problem(f"graph break: {found.reason}", "mistake"))
+        if found.where:
+            graph.problems.append(Problem(f"at {found.where}", "mistake"))
+    if breaks:
+        graph.hint = breaks[0].hint()
+        values.problems.append(Problem("not run until the function compiles as one graph",
+                                       "not_run"))  # fmt: skip
+    else:
+        _compare_compiled(fn, args, reference, values)
+    result = CheckResult("compiled", [graph, values])
+    if not result.passed:
+        raise CheckFailed(result)
+    print(result.headline)
+    return result
+
+
+def _compare_compiled(fn, args, reference, result: CaseResult) -> None:
+    expected = (reference or fn)(*args)
+    torch.compiler.reset()
+    try:
+        got = torch.compile(fn, fullgraph=True, backend=compile_backend())(*args)
+    except Exception as error:  # noqa: BLE001
+        result.problems.append(Problem(
+            f"compiling raised {type(error).__name__}: {_first_line(str(error))}", "raised"
+        ))  # fmt: skip
+        result.hint = "read the error above; it names the operation the compiler refused"
+        return
+    pairs = list(zip(_tensors(got), _tensors(expected)))
+    if len(_tensors(got)) != len(_tensors(expected)):
+        pairs = []
+        result.problems.append(Problem("the compiled function returns other outputs than eager",
+                                       "returned"))  # fmt: skip
+    for i, (g, e) in enumerate(pairs):
+        if g.shape != e.shape or g.dtype != e.dtype:
+            result.problems.append(Problem(
+                f"output {i}: {list(g.shape)} {g.dtype}, eager gives {list(e.shape)} {e.dtype}",
+                "layout",
+            ))  # fmt: skip
+            continue
+        tol = tolerance_for(e.dtype)
+        if not torch.allclose(g.double(), e.double(), tol.rtol, tol.atol, equal_nan=True):
+            worst = (g.double() - e.double()).abs().max().item()
+            result.problems.append(Problem(f"output {i} differs by up to {worst:.3g}", "values"))
+    if result.problems and result.hint is None:
+        result.hint = (
+            "compiled code computed something else: an operator's fake must describe exactly "
+            "what its real implementation returns"
+        )
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+# -- check_softmax_op ---------------------------------------------------------------------
+
+
+class NotAnOperator(TypeError):
+    """The function given is not a registered operator."""
+
+
+class NoFake(RuntimeError):
+    """The operator has no fake implementation."""
+
+
+class FakeDisagrees(RuntimeError):
+    """The fake implementation describes another output than the real one gives."""
+
+
+class OutputAliasesInput(RuntimeError):
+    """The operator returns its input or a view of it."""
+
+
+class GraphBreak(RuntimeError):
+    """Dynamo could not capture the call in one graph."""
+
+
+OPERATOR_HINT = (
+    'decorate the function with @torch.library.custom_op("lesson08::softmax", '
+    "mutates_args=()) (with type annotations on its argument and result), so that "
+    "the compiler sees one operator instead of your launcher's Python"
+)
+NO_FAKE_HINT = (
+    "give the operator a fake implementation: @softmax_op.register_fake on a function that "
+    "returns an empty tensor of the output's shape, dtype and strides, without running "
+    "the kernel. The compiler calls it with fake tensors, which hold no memory"
+)
+FAKE_HINT = (
+    "the fake must describe what the real operator returns, for every input: "
+    "x.new_empty(x.shape) is a new contiguous tensor of x's shape and dtype, where "
+    "torch.empty_like(x) copies a transposed x's strides. A shape written as numbers fits "
+    "one input only"
+)
+ALIAS_HINT = (
+    "an operator must return a new tensor, not its input or a view of it: allocate the "
+    "output (torch.empty_like(x)) and let the kernel write into it"
+)
+
+
+def _raised(kind: str, message: str) -> str | None:
+    hints = {
+        NotAnOperator.__name__: OPERATOR_HINT,
+        NoFake.__name__: NO_FAKE_HINT,
+        FakeDisagrees.__name__: FAKE_HINT,
+        OutputAliasesInput.__name__: ALIAS_HINT,
+    }
+    if kind == GraphBreak.__name__:
+        return GraphBreakFound(message, "").hint()
+    return hints.get(kind)
+
+
+HINTS = dataclasses.replace(SOFTMAX_HINTS, raised=_raised)
+
+
+def _is_operator(op) -> bool:
+    from torch._library.custom_ops import CustomOpDef
+
+    return isinstance(op, (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+def _explained(error: Exception) -> Exception:
+    """torch's error, as one of this check's own with a one-line message."""
+    text = str(error)
+    if "no fake impl" in text or "FakeTensor kernel" in text:
+        return NoFake("the operator has no fake implementation")
+    if "mismatched tensor metadata" in text:
+        detail = text.split("mismatched tensor metadata:", 1)[1].split("(scroll up", 1)[0]
+        return FakeDisagrees(f"the fake and the real operator disagree: {_first_line(detail)}")
+    if "may not alias" in text or "must not also be an input" in text:
+        return OutputAliasesInput("the operator returned its input, or a view of it")
+    if "fake tensor" in text or "data pointer" in text:
+        return GraphBreak(f"a kernel was launched on fake tensors: {_first_line(text)}")
+    return error
+
+
+@contextlib.contextmanager
+def _without_the_checks_factories():
+    """Suspend the check's guarded tensor factories (a TorchFunctionMode) while the
+    compiler traces: they would hand real memory to a fake implementation."""
+    with torch.overrides._pop_mode_temporarily():
+        yield
+
+
+def _run_stage(op: Callable, stage: str) -> Callable:
+    def run(x):
+        if stage != "eager" and not _is_operator(op):
+            raise NotAnOperator(
+                f"softmax_op is a plain {type(op).__name__}, not a registered operator"
+            )
+        try:
+            if stage == "eager":
+                return op(x)
+            with _without_the_checks_factories():
+                return _STAGES[stage](op, x)
+        except (GraphBreak, FakeDisagrees):
+            raise
+        except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
+            explained = _explained(error)
+            if explained is error:
+                raise
+            raise explained from None
+
+    return run
+
+
+def _opchecked(op, x):
+    # three inputs: a fake with the first's numbers written in fails on the second, and one
+    # that copies x's strides (torch.empty_like) on the third, a column-major x
+    smaller = x[: max(1, x.shape[0] // 2), : max(1, x.shape[1] - 3)]
+    for args in ((x,), (smaller,), (x.t().contiguous().t(),)):
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    return op(x)
+
+
+def _compiled(op, x):
+    breaks = graph_breaks(lambda t: op(t), x)
+    if breaks:
+        where = f" ({breaks[0].where})" if breaks[0].where else ""
+        raise GraphBreak(f"{breaks[0].reason}{where}")
+    torch.compiler.reset()
+    return torch.compile(lambda t: op(t), fullgraph=True, backend=compile_backend())(x)
+
+
+def _compiled_dynamic(op, x):
+    torch.compiler.reset()
+    compiled = torch.compile(
+        lambda t: op(t), fullgraph=True, dynamic=True, backend=compile_backend()
+    )  # fmt: skip
+    smaller = x[: max(1, x.shape[0] - 2), : max(1, x.shape[1] - 5)].contiguous()
+    first = compiled(smaller)
+    if first.shape != smaller.shape:
+        raise FakeDisagrees(f"the compiled operator gave {list(first.shape)} for input "
+                            f"{list(smaller.shape)}")  # fmt: skip
+    return compiled(x)
+
+
+_STAGES = {"opcheck": _opchecked, "compiled": _compiled, "dynamic": _compiled_dynamic}
+
+
+def check_softmax_op(op: Callable) -> CheckResult:
+    """Check `op`, your row softmax registered as an operator, for lesson 08: its values
+    eagerly on awkward shapes, its fake against its real implementation
+    (torch.library.opcheck), and a function calling it compiled with fullgraph=True, for
+    one shape and for dynamic shapes."""
+    if not callable(op):
+        raise TypeError(f"check_softmax_op expects your operator, got {type(op).__name__}")
+    gen = case_generator(8)
+    rand = lambda *shape, dtype=torch.float32: random_input(gen, shape, dtype, scale=2.0)  # noqa: E731
+    rows = runtime.by_mode(gpu=4096, interpreter=37)
+    wider = rand(20, 900)
+    eager = [
+        Case("eager: 1x1 (one element), float32", (rand(1, 1),)),
+        Case("eager: 5x37 (prime sizes), float32", (rand(5, 37),)),
+        Case(f"eager: {rows}x781 (rows not a power of two), float32", (rand(rows, 781),)),
+        Case("eager: 20x781 (row stride 900), float32", (wider[:, :781],)),
+        Case("eager: 37x781, float16", (rand(37, 781, dtype=torch.float16),)),
+    ]
+    staged = [
+        Case("torch.library.opcheck: the fake against the real operator, 3 inputs",
+             (rand(9, 100),), kwargs={"stage": "opcheck"}),
+        Case("torch.compile(fullgraph=True): no graph break, same values", (rand(7, 300),),
+             kwargs={"stage": "compiled"}, launch_counted=False),
+        Case("torch.compile(dynamic=True): two shapes, one graph", (rand(11, 257),),
+             kwargs={"stage": "dynamic"}, launch_counted=False),
+    ]  # fmt: skip
+    runs = {stage: _run_stage(op, stage) for stage in ("eager", *_STAGES)}
+
+    def run(x, stage: str = "eager"):
+        return runs[stage](x)
+
+    return run_check("softmax_op", run, eager + staged, references.softmax, (), HINTS)

@@ -1,0 +1,243 @@
+"""Lesson 08: the finished kernels as operators under torch.compile, and the checks that
+grade an operator and report graph breaks."""
+
+import re
+
+import pytest
+import torch
+from torch.library import custom_op
+
+import course_lib
+from course_lib import DEVICE, ops, references, runtime
+from course_lib.checks import CheckFailed
+from course_lib.checks.compiled import graph_breaks
+from course_lib.kernels import linear as lesson07
+from course_lib.kernels.softmax import softmax as finished_softmax
+
+
+def _compiled(fn, **options):
+    torch.compiler.reset()
+    return torch.compile(fn, fullgraph=True, backend=ops.COMPILE_BACKEND, **options)
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=generator).to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [
+        (ops._softmax, lambda: (_rand(5, 37),)),
+        (ops._softmax, lambda: (_rand(37, 6).t(),)),  # columns not adjacent: copied
+        (ops._matmul, lambda: (_rand(9, 13), _rand(13, 7), None)),
+        (ops._matmul, lambda: (_rand(9, 13), _rand(7, 13).t(), "relu")),
+        (ops._linear, lambda: (_rand(2, 3, 11).requires_grad_(), _rand(6, 11).requires_grad_(),
+                               _rand(6).requires_grad_(), "gelu", True)),
+        (ops._linear, lambda: (_rand(4, 11).requires_grad_(), _rand(6, 11), None, "relu", False)),
+    ],
+    ids=["softmax", "softmax-transposed", "matmul", "matmul-relu-kmajor", "linear-gelu",
+         "linear-relu-x-only"],
+)  # fmt: skip
+def test_operators_pass_opcheck(op, args):
+    """Schema, fake against real, autograd registration and AOT dispatch with dynamic
+    shapes: what torch.compile relies on."""
+    torch.library.opcheck(op, args())
+
+
+def test_compiled_functions_of_the_operators_match_eager_without_a_graph_break():
+    x, a, b = _rand(6, 300), _rand(9, 40), _rand(40, 17)
+
+    def chain(x, a, b):
+        return ops.softmax(x * 2) + 1, ops.matmul(a, b).relu()
+
+    assert graph_breaks(chain, x, a, b) == []
+    got, expected = _compiled(chain)(x, a, b), chain(x, a, b)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(got[0] - 1, references.softmax(x * 2))
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_compiled_linear_gives_lesson_07s_gradients(activation, bias):
+    """The operator's backward is lesson 07's; compiled, the gradients equal eager ones,
+    for every input that requires one and with leading dimensions."""
+    x = _rand(2, 3, 19, dtype=torch.float64, seed=1).requires_grad_()
+    weight = _rand(10, 19, dtype=torch.float64, seed=2).requires_grad_()
+    b = _rand(10, dtype=torch.float64, seed=3).requires_grad_() if bias else None
+    grad_y = _rand(2, 3, 10, dtype=torch.float64, seed=4)
+    inputs = [t for t in (x, weight, b) if t is not None]
+
+    def loss(x, weight, b):
+        return (ops.linear(x, weight, b, activation) * grad_y).sum()
+
+    compiled = torch.autograd.grad(_compiled(loss)(x, weight, b), inputs)
+    y = lesson07.linear(x, weight, b, activation)
+    expected = torch.autograd.grad(y, inputs, grad_y)
+    for got, want in zip(compiled, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_linear_operator_passes_gradcheck_in_float64():
+    x = _rand(3, 7, dtype=torch.float64).requires_grad_()
+    weight = _rand(5, 7, dtype=torch.float64, seed=1).requires_grad_()
+    b = _rand(5, dtype=torch.float64, seed=2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda *t: ops.linear(*t, "gelu"), (x, weight, b))
+
+
+def test_linear_operator_saves_no_preactivation_without_a_backward():
+    x, weight = _rand(4, 11), _rand(6, 11)
+    with torch.no_grad():
+        _, z = ops._linear(x, weight, None, "gelu", False)
+    assert z.numel() == 0
+    x.requires_grad_()
+    y = ops.linear(x, weight, None, "gelu")
+    assert y.grad_fn is not None
+
+
+def test_compiled_linear_recompiles_nothing_for_a_new_batch_under_dynamic_shapes():
+    layer = ops.Linear(16, 8, activation="relu").to(DEVICE)
+    frames = []
+
+    def counting(gm, example_inputs):
+        frames.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend=counting)
+    for rows in (5, 9, 33):
+        x = _rand(rows, 16, seed=rows)
+        torch.testing.assert_close(compiled(x), torch.relu(torch.nn.functional.linear(
+            x, layer.weight, layer.bias)), rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert len(frames) == 1
+
+
+def test_ops_linear_module_is_an_nn_linear_with_its_state_dict():
+    ours = ops.Linear(12, 5, activation="gelu")
+    theirs = torch.nn.Linear(12, 5)
+    theirs.load_state_dict(ours.state_dict())
+    assert "activation='gelu'" in repr(ours)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ops.Linear(3, 4, activation="tanh")
+
+
+def test_linear_operator_refuses_bad_input_with_lesson_07s_errors():
+    with pytest.raises(ValueError, match="in_features"):
+        ops.linear(_rand(3, 4), _rand(5, 6))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ops.linear(_rand(3, 4), _rand(5, 4), None, "tanh")
+
+
+# -- check_compiled -------------------------------------------------------------------------
+
+
+def _with_breaks(x):
+    y = x * 2
+    print("inside")
+    if y.sum() > 0:
+        y = y + 1
+    return y
+
+
+def test_check_compiled_names_each_graph_break_with_its_line_and_hint(capsys):
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_compiled(_with_breaks, _rand(4, 8))
+    report = info.value.result.report()
+    assert 'print("inside")' in report and "if y.sum() > 0:" in report, report
+    assert "test_ops.py, line" in report
+    assert "hint: print inside compiled code breaks the graph" in report
+    assert "not run until the function compiles as one graph" in report
+
+
+def test_check_compiled_passes_a_function_of_operators(capsys):
+    x = _rand(6, 300)
+    result = course_lib.check_compiled(lambda x: ops.softmax(x).sum(-1), x)
+    assert result.passed
+    assert capsys.readouterr().out.startswith("✓ compiled")
+
+
+def test_check_compiled_compares_with_the_reference_given():
+    x = _rand(6, 30)
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_compiled(lambda x: x * 2, x, reference=lambda x: x * 3)
+    assert "differs by up to" in info.value.result.report()
+
+
+# -- check_softmax_op: the exercise ---------------------------------------------------------
+
+
+def _operator(name, fake=None, body=finished_softmax):
+    @custom_op(f"course_tests::{name}", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return body(x)
+
+    if fake is not None:
+        op.register_fake(fake)
+    return op
+
+
+def test_check_softmax_op_passes_a_registered_operator_with_its_fake(capsys):
+    op = _operator("right", lambda x: x.new_empty(x.shape))  # contiguous, as softmax returns
+    assert course_lib.check_softmax_op(op).passed
+    assert capsys.readouterr().out.strip() == "✓ softmax_op: every case passed"
+
+
+OPERATOR_MISTAKES = [
+    ("plain function", lambda: finished_softmax, "opcheck", "decorate the function with "
+     "@torch.library.custom_op"),
+    ("no fake", lambda: _operator("no_fake"), "opcheck", "give the operator a fake"),
+    ("fake of one column", lambda: _operator("fake_column", lambda x: x.new_empty(x.shape[0], 1)),
+     "opcheck", "the fake must describe what the real operator returns"),
+    ("fake of float64", lambda: _operator(
+        "fake_float64", lambda x: x.new_empty(x.shape, dtype=torch.float64)),
+     "opcheck", "the fake must describe what the real operator returns"),
+    ("fake of a fixed shape", lambda: _operator("fake_fixed", lambda x: x.new_empty(9, 100)),
+     "opcheck", "A shape written as numbers fits one input only"),
+    ("fake copies strides", lambda: _operator("fake_like", lambda x: torch.empty_like(x)),
+     "opcheck", "torch.empty_like(x) copies a transposed x's strides"),
+    ("returns its input", lambda: _operator("aliases", lambda x: x.new_empty(x.shape),
+                                            body=lambda x: x),
+     "eager: 1x1", "an operator must return a new tensor"),
+    ("no kernel", lambda: _operator("torch_only", lambda x: x.new_empty(x.shape),
+                                    body=lambda x: torch.softmax(x, -1)),
+     "eager: 1x1", "launch your kernel"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "case", "hint"), [m[1:] for m in OPERATOR_MISTAKES],
+    ids=[m[0] for m in OPERATOR_MISTAKES],
+)  # fmt: skip
+def test_check_softmax_op_names_the_mistake(make, case, hint):
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_softmax_op(make())
+    report = info.value.result.report()
+    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
+    assert re.search(case_then_hint, report), report
+
+
+@pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's limit")
+def test_a_raw_launch_does_not_trace_in_the_interpreter():
+    """Under TRITON_INTERPRET=1 the kernel itself would run on fake tensors: the lesson
+    says so, and the check's hint points at custom_op."""
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_compiled(lambda x: finished_softmax(x) * 2, _rand(4, 8))
+    assert "graph break" in info.value.result.report()
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_matmul_and_softmax_operators_differentiate(activation):
+    """matmul's backward is two more of its products; softmax's is PyTorch's formula.
+    Against torch's own gradients (neither kernel takes float64, which gradcheck needs)."""
+    a, b = _rand(7, 12).requires_grad_(), _rand(12, 5, seed=1).requires_grad_()
+    grad_c = _rand(7, 5, seed=2)
+    got = torch.autograd.grad(ops.matmul(a, b, activation), (a, b), grad_c)
+    c = a @ b
+    want = torch.autograd.grad(c.relu() if activation else c, (a, b), grad_c)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    x, grad_y = _rand(4, 9, seed=3).requires_grad_(), _rand(4, 9, seed=4)
+    got = torch.autograd.grad(ops.softmax(x), x, grad_y)[0]
+    want = torch.autograd.grad(torch.softmax(x, -1), x, grad_y)[0]
+    torch.testing.assert_close(got, want)
