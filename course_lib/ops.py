@@ -32,10 +32,7 @@ from course_lib.kernels import linear as linear_kernels
 from course_lib.kernels import matmul as matmul_kernels
 from course_lib.kernels import softmax as softmax_kernels
 
-# Inductor on a GPU; in the interpreter, Dynamo and AOTAutograd without Inductor's C++
-# build, which takes seconds per graph on a CPU and adds nothing to what an opaque
-# operator is checked for
-COMPILE_BACKEND = "aot_eager" if runtime.INTERPRETED else "inductor"
+COMPILE_BACKEND = runtime.COMPILE_BACKEND  # "inductor" on a GPU, "aot_eager" in the interpreter
 
 
 _LIBRARY = torch.library.Library("course", "DEF")
@@ -107,8 +104,12 @@ def _matmul_backward(ctx, grad_c):
 def _setup_matmul(ctx, inputs, output):
     a, b, *activation = inputs  # the activation only where it was passed
     ctx.activation = activation[0] if activation else None
-    # relu's slope is read from the output: kept only then
-    ctx.save_for_backward(a, b, output if ctx.activation == "relu" else None)
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    # grad_a reads b, grad_b reads a, relu's slope the output: each kept only where needed
+    ctx.save_for_backward(
+        a if needs_b else None, b if needs_a else None,
+        output if ctx.activation == "relu" else None,
+    )  # fmt: skip
 
 
 torch.library.register_autograd(
@@ -142,7 +143,7 @@ _linear = _operator(
 )
 
 
-def _linear_backward_real(grad_y, x, weight, saved, activation, x_shape, needs):
+def _linear_backward_impl(grad_y, x, weight, saved, activation, x_shape, needs):
     needs_x, needs_weight, needs_bias = needs
     x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if needs_weight else None
     grads = linear_kernels.backward(
@@ -162,12 +163,12 @@ def _linear_backward_fake(grad_y, x, weight, saved, activation, x_shape, needs):
 _linear_backward = _operator(
     "linear_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor saved, str? activation, "
     "SymInt[] x_shape, bool[] needs) -> (Tensor, Tensor, Tensor)",
-    _linear_backward_real,
+    _linear_backward_impl,
     _linear_backward_fake,
 )
 
 
-def _setup_linear(ctx, inputs, output):
+def _linear_autograd_setup(ctx, inputs, output):
     x, weight, bias, activation, _ = inputs
     y, z = output
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
@@ -179,10 +180,15 @@ def _setup_linear(ctx, inputs, output):
     )  # fmt: skip
     ctx.activation, ctx.x_shape = activation, list(x.shape)
     ctx.needs = [needs_x, needs_weight, needs_bias and bias is not None]
+    # z is an output only to be saved: no gradient flows into it, so autograd need not
+    # fill a zero [M, out] tensor for it on every backward
+    ctx.set_materialize_grads(False)
 
 
-def _backward_linear(ctx, grad_y, grad_z):
+def _linear_autograd_backward(ctx, grad_y, grad_z):
     x, weight, saved = ctx.saved_tensors
+    if grad_y is None:  # y did not reach the loss
+        return None, None, None, None, None
     # the operator wants tensors: an empty one stands for what was not saved
     empty = grad_y.new_empty(0)
     grads = _linear_backward(
@@ -194,8 +200,21 @@ def _backward_linear(ctx, grad_y, grad_z):
 
 
 torch.library.register_autograd(
-    "course::linear", _backward_linear, setup_context=_setup_linear, lib=_LIBRARY
-)
+    "course::linear", _linear_autograd_backward, setup_context=_linear_autograd_setup,
+    lib=_LIBRARY,
+)  # fmt: skip
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "course_lib.ops.linear is differentiable once: its backward's kernels record no "
+        "graph to differentiate again (use torch.nn.functional.linear for higher derivatives)"
+    )
+
+
+# without an autograd of its own, a second backward would run through the backward's
+# result as if it were constant, and be silently wrong
+torch.library.register_autograd("course::linear_backward", _refuse_double_backward, lib=_LIBRARY)
 
 
 def linear(

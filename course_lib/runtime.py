@@ -45,6 +45,10 @@ if INTERPRETED:
     os.environ["TRITON_INTERPRET"] = "1"
 
 DEVICE: torch.device = torch.device("cpu" if INTERPRETED else "cuda")
+# torch.compile's backend for the course's compiled code (lesson 08): Inductor on a GPU; in
+# the interpreter, Dynamo and AOTAutograd without Inductor's C++ build, which takes seconds
+# per graph on a CPU and adds nothing to what an opaque operator is checked for
+COMPILE_BACKEND: str = "aot_eager" if INTERPRETED else "inductor"
 GPU_NAME: str | None = torch.cuda.get_device_name() if MODE == "gpu" else None
 
 # Triton's interpreter gets bfloat16 arithmetic wrong (it rounds by truncation and

@@ -392,6 +392,31 @@ def test_review_reads_a_launchers_body_not_its_decorators():
     assert lesson_module.review(exercise, {"ex": torch_in_body}).flags
 
 
+@pytest.mark.parametrize(
+    ("source", "forbidden", "flag"),
+    [
+        ("softmax_op = torch.ops.course.softmax", "torch.ops.course", "defines no function"),
+        ("from course_lib import ops\nsoftmax_op = ops.softmax", "course_lib.ops", ""),
+        ("torch.library.opcheck = lambda *a, **k: None\ndef softmax_op(x):\n    pass",
+         "replaces torch.library.opcheck", ""),
+        ("torch._dynamo.explain, y = None, 1\ndef softmax_op(x):\n    pass",
+         "replaces torch._dynamo.explain", ""),
+        ("triton.cdiv = max\ndef softmax_op(x):\n    pass", "", "assigns to triton.cdiv"),
+        ("@(lambda f: lambda x: torch.softmax(x, -1))\ndef softmax_op(x):\n    pass", "",
+         "calls torch.softmax"),
+    ],
+)  # fmt: skip
+def test_review_refuses_the_courses_operator_and_replaced_checks(source, forbidden, flag):
+    exercise = lesson_module.Exercise("check-x", 3, "check_softmax_op", "softmax_op", ("ex",))
+    found = lesson_module.review(exercise, {"ex": source})
+    if forbidden:
+        assert any(forbidden in reason for reason in found.forbidden), found
+    else:
+        assert found.forbidden == [], found
+    if flag:
+        assert any(flag in f for f in found.flags), found
+
+
 def test_a_lesson_whose_check_cell_is_not_a_plain_check_is_refused(tmp_path):
     nb = nbformat.v4.new_notebook()
     meta = {"nbgrader": {"grade": True, "grade_id": "check-x", "points": 1}}

@@ -1,6 +1,7 @@
 """Lesson 08: the finished kernels as operators under torch.compile, and the checks that
 grade an operator and report graph breaks."""
 
+import contextlib
 import re
 
 import pytest
@@ -9,7 +10,7 @@ from torch.library import custom_op
 
 import course_lib
 from course_lib import DEVICE, ops, references, runtime
-from course_lib.checks import CheckFailed
+from course_lib.checks import CheckFailed, ExerciseNotDone, replay
 from course_lib.checks.compiled import graph_breaks
 from course_lib.kernels import linear as lesson07
 from course_lib.kernels.softmax import softmax as finished_softmax
@@ -86,14 +87,66 @@ def test_linear_operator_passes_gradcheck_in_float64():
     assert torch.autograd.gradcheck(lambda *t: ops.linear(*t, "gelu"), (x, weight, b))
 
 
-def test_linear_operator_saves_no_preactivation_without_a_backward():
+def test_linear_operator_stores_the_preactivation_only_for_a_backward(monkeypatch):
+    asked = []
+    linear_op = ops._linear
+    monkeypatch.setattr(ops, "_linear", lambda *args: asked.append(args[-1]) or linear_op(*args))
     x, weight = _rand(4, 11), _rand(6, 11)
     with torch.no_grad():
-        _, z = ops._linear(x, weight, None, "gelu", False)
+        ops.linear(x.requires_grad_(), weight, None, "gelu")
+    ops.linear(x, weight, None, "gelu")  # x requires a gradient
+    ops.linear(x.detach(), weight, None, "gelu")  # nothing does
+    ops.linear(x, weight, None, "relu")  # relu's slope comes from y
+    assert asked == [False, True, False, False]
+    _, z = linear_op(x.detach(), weight, None, "gelu", False)
     assert z.numel() == 0
-    x.requires_grad_()
-    y = ops.linear(x, weight, None, "gelu")
-    assert y.grad_fn is not None
+
+
+def test_linear_operator_refuses_a_second_derivative():
+    x = _rand(3, 5, dtype=torch.float64).requires_grad_()
+    weight = _rand(4, 5, dtype=torch.float64, seed=1).requires_grad_()
+    (grad_x,) = torch.autograd.grad(ops.linear(x, weight, None, "gelu").sum(), x,
+                                    create_graph=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        grad_x.sum().backward()
+
+
+LAYER_CASES = [
+    # x's shape, bias, activation, which inputs train, grad_y transposed
+    ((3, 7), True, "gelu", "xwb", False),
+    ((2, 5, 7), False, "relu", "xw", True),
+    ((2, 5, 7), True, None, "x", False),
+    ((4, 7), True, "gelu", "w", True),
+    ((4, 7), True, "relu", "b", False),
+    ((0, 7), True, "gelu", "xwb", False),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "bias", "activation", "trained", "transposed"), LAYER_CASES)
+def test_linear_operator_gradients_match_pytorch_in_float64(
+    x_shape, bias, activation, trained, transposed
+):
+    """Against F.linear and the activation in float64, not against lesson 07's kernels,
+    which share the backward: every subset of inputs that train, leading dimensions, no
+    bias, a transposed output gradient and no rows at all."""
+    x = _rand(*x_shape, dtype=torch.float64, seed=1)
+    weight = _rand(6, 7, dtype=torch.float64, seed=2)
+    b = _rand(6, dtype=torch.float64, seed=3) if bias else None
+    leaves = {"x": x, "w": weight, "b": b}
+    for name in trained:
+        if leaves[name] is not None:
+            leaves[name].requires_grad_()
+    grad_y = _rand(*x_shape[:-1], 6, dtype=torch.float64, seed=4)
+    if transposed and grad_y.dim() == 2:
+        grad_y = grad_y.t().contiguous().t()
+    inputs = [t for t in leaves.values() if t is not None and t.requires_grad]
+    activate = {None: lambda z: z, "relu": torch.relu, "gelu": torch.nn.functional.gelu}
+    ours = torch.autograd.grad(ops.linear(x, weight, b, activation), inputs, grad_y)
+    theirs = torch.autograd.grad(
+        activate[activation](torch.nn.functional.linear(x, weight, b)), inputs, grad_y
+    )  # fmt: skip
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got, want)
 
 
 def test_compiled_linear_recompiles_nothing_for_a_new_batch_under_dynamic_shapes():
@@ -157,6 +210,19 @@ def test_check_compiled_passes_a_function_of_operators(capsys):
     assert capsys.readouterr().out.startswith("✓ compiled")
 
 
+def test_check_compiled_compares_every_output_and_gives_each_run_fresh_inputs():
+    x = _rand(6, 30)
+    with pytest.raises(CheckFailed) as info:  # a dict of outputs, compared inside
+        course_lib.check_compiled(lambda x: {"y": x * 2}, x, reference=lambda x: {"y": x * 3})
+    assert "differs by up to" in info.value.result.report()
+
+    def doubles_in_place(x):
+        return x.mul_(2)
+
+    assert course_lib.check_compiled(doubles_in_place, x).passed
+    torch.testing.assert_close(x, _rand(6, 30))  # the caller's tensor untouched
+
+
 def test_check_compiled_compares_with_the_reference_given():
     x = _rand(6, 30)
     with pytest.raises(CheckFailed) as info:
@@ -202,6 +268,15 @@ OPERATOR_MISTAKES = [
     ("no kernel", lambda: _operator("torch_only", lambda x: x.new_empty(x.shape),
                                     body=lambda x: torch.softmax(x, -1)),
      "eager: 1x1", "launch your kernel"),
+    ("the course's operator", lambda: ops._softmax, "eager: 1x1", "register your own launcher"),
+    ("fake of float32", lambda: _operator(
+        "fake_float32", lambda x: torch.empty(x.shape, dtype=torch.float32, device=x.device)),
+     "opcheck", "the fake must describe what the real operator returns"),
+    ("fake of Python ints", lambda: _operator(
+        "fake_ints", lambda x: x.new_empty(int(x.shape[0]), int(x.shape[1]))),
+     "dynamic=True", "each new shape compiles again"),
+    ("fake that launches", lambda: _operator("fake_launches", finished_softmax),
+     "opcheck", "a fake only allocates"),
 ]  # fmt: skip
 
 
@@ -215,6 +290,37 @@ def test_check_softmax_op_names_the_mistake(make, case, hint):
     report = info.value.result.report()
     case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
     assert re.search(case_then_hint, report), report
+
+
+def test_check_softmax_op_shows_the_stub_of_an_unwritten_fake():
+    def unwritten(x):
+        raise ExerciseNotDone("write the fake")
+
+    with pytest.raises(ExerciseNotDone, match="write the fake"):
+        course_lib.check_softmax_op(_operator("fake_unwritten", unwritten))
+
+
+@pytest.mark.parametrize("fake_given", [True, False], ids=["right", "no-fake"])
+def test_check_softmax_op_replays_in_the_graders_process(fake_given):
+    """The grader calls nothing of the learner's: it judges the recorded outputs against its
+    own references, and adopts what only the learner's process saw (opcheck, compiling),
+    which can fail a case and never pass one."""
+    fake = (lambda x: x.new_empty(x.shape)) if fake_given else None
+    op = _operator(f"replayed_{fake_given}", fake)
+    with replay.recording() as recorder, contextlib.suppress(CheckFailed):
+        course_lib.check_softmax_op(op)
+
+    def stub(x, stage="eager"):
+        raise AssertionError("a replay must not call the learner's function")
+
+    with replay.replaying(recorder.records):
+        try:
+            result = course_lib.check_softmax_op(stub)
+        except CheckFailed as failure:
+            result = failure.result
+    assert result.passed == fake_given, result.report()
+    if not fake_given:
+        assert "give the operator a fake" in result.report()
 
 
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's limit")

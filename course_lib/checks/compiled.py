@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.utils._pytree as pytree
 
 from course_lib import references, runtime
 from course_lib.checks.engine import (
@@ -23,20 +24,15 @@ from course_lib.checks.engine import (
     CaseResult,
     CheckFailed,
     CheckResult,
+    ExerciseNotDone,
     Problem,
     case_generator,
     random_input,
     run_check,
 )
+from course_lib.checks.guard import GuardedArena
 from course_lib.checks.softmax import HINTS as SOFTMAX_HINTS
 from course_lib.checks.tolerances import tolerance_for
-
-
-def compile_backend() -> str:
-    """Inductor on a GPU; in the interpreter, Dynamo and AOTAutograd without Inductor's
-    C++ build, which takes seconds per graph on a CPU (course_lib.ops uses the same)."""
-    return "aot_eager" if runtime.INTERPRETED else "inductor"
-
 
 # -- graph breaks -------------------------------------------------------------------------
 
@@ -68,7 +64,8 @@ OTHER_BREAK_HINT = "read the reason: Dynamo names what it could not trace and wh
 
 def graph_breaks(fn: Callable, *args) -> list[GraphBreakFound]:
     """Each graph break Dynamo meets running fn(*args), in order. Starts from a reset
-    compiler, so that earlier compilations do not hide anything."""
+    compiler, so that earlier compilations do not hide anything: functions compiled before
+    compile again on their next call."""
     torch.compiler.reset()
     explanation = torch._dynamo.explain(fn)(*args)
     found = []
@@ -104,15 +101,16 @@ def _short_file(filename: str) -> str:
 
 def check_compiled(fn: Callable, *args, reference: Callable | None = None) -> CheckResult:
     """Compile fn with fullgraph=True and compare fn(*args) with reference(*args), or with
-    eager fn(*args). Reports each graph break with its reason and line. Prints one line
-    when all is well; raises CheckFailed with the report otherwise."""
+    eager fn(*args), each run on copies of args. Reports each graph break with its reason
+    and line. Prints one line when all is well; raises CheckFailed with the report
+    otherwise. It resets the compiler: functions compiled before compile again."""
     if not callable(fn):
         raise TypeError(f"check_compiled expects your function, got {type(fn).__name__}")
     name = getattr(fn, "__name__", "function")
     graph = CaseResult(f"{name}: captured as one graph")
     values = CaseResult(f"{name}: compiled with fullgraph=True, same result as eager")
     try:
-        breaks = graph_breaks(fn, *args)
+        breaks = graph_breaks(fn, *_cloned(args))  # explain runs fn: on copies of the inputs
     except Exception as error:  # noqa: BLE001  (whatever tracing raised is the finding)
         breaks = [GraphBreakFound(f"tracing raised {type(error).__name__}: "
                                   f"{_first_line(str(error))}", "")]  # fmt: skip
@@ -134,22 +132,30 @@ def check_compiled(fn: Callable, *args, reference: Callable | None = None) -> Ch
 
 
 def _compare_compiled(fn, args, reference, result: CaseResult) -> None:
-    expected = (reference or fn)(*args)
+    # each run on its own copy of the inputs: a function that changes one in place would
+    # otherwise see the previous run's result
+    expected = (reference or fn)(*_cloned(args))
     torch.compiler.reset()
     try:
-        got = torch.compile(fn, fullgraph=True, backend=compile_backend())(*args)
+        got = torch.compile(fn, fullgraph=True, backend=runtime.COMPILE_BACKEND)(*_cloned(args))
     except Exception as error:  # noqa: BLE001
         result.problems.append(Problem(
             f"compiling raised {type(error).__name__}: {_first_line(str(error))}", "raised"
         ))  # fmt: skip
         result.hint = "read the error above; it names the operation the compiler refused"
         return
-    pairs = list(zip(_tensors(got), _tensors(expected)))
-    if len(_tensors(got)) != len(_tensors(expected)):
-        pairs = []
-        result.problems.append(Problem("the compiled function returns other outputs than eager",
-                                       "returned"))  # fmt: skip
-    for i, (g, e) in enumerate(pairs):
+    got_leaves, got_structure = pytree.tree_flatten(got)
+    expected_leaves, expected_structure = pytree.tree_flatten(expected)
+    if got_structure != expected_structure:
+        result.problems.append(Problem(
+            f"the compiled function returns {got_structure}, eager {expected_structure}",
+            "returned",
+        ))  # fmt: skip
+    for i, (g, e) in enumerate(zip(got_leaves, expected_leaves)):
+        if not (isinstance(g, torch.Tensor) and isinstance(e, torch.Tensor)):
+            if g != e:
+                result.problems.append(Problem(f"output {i}: {g!r}, eager gives {e!r}", "values"))
+            continue
         if g.shape != e.shape or g.dtype != e.dtype:
             result.problems.append(Problem(
                 f"output {i}: {list(g.shape)} {g.dtype}, eager gives {list(e.shape)} {e.dtype}",
@@ -167,12 +173,8 @@ def _compare_compiled(fn, args, reference, result: CaseResult) -> None:
         )
 
 
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for t in out if isinstance(t, torch.Tensor)]
-    return []
+def _cloned(args: tuple) -> tuple:
+    return pytree.tree_map(lambda a: a.clone() if isinstance(a, torch.Tensor) else a, args)
 
 
 # -- check_softmax_op ---------------------------------------------------------------------
@@ -198,6 +200,18 @@ class GraphBreak(RuntimeError):
     """Dynamo could not capture the call in one graph."""
 
 
+class FakeRuns(RuntimeError):
+    """The fake implementation launched a kernel or read values."""
+
+
+class CoursesOperator(TypeError):
+    """The operator given is the course's own, not the learner's."""
+
+
+class Recompiled(RuntimeError):
+    """A compilation for dynamic shapes served one shape only."""
+
+
 OPERATOR_HINT = (
     'decorate the function with @torch.library.custom_op("lesson08::softmax", '
     "mutates_args=()) (with type annotations on its argument and result), so that "
@@ -216,7 +230,20 @@ FAKE_HINT = (
 )
 ALIAS_HINT = (
     "an operator must return a new tensor, not its input or a view of it: allocate the "
-    "output (torch.empty_like(x)) and let the kernel write into it"
+    "output (x.new_empty(x.shape)) and let the kernel write into it"
+)
+FAKE_RUNS_HINT = (
+    "a fake only allocates and returns its result, as x.new_empty(x.shape) does: it must "
+    "not launch the kernel, call the launcher, or read x's values, for fake tensors have none"
+)
+COURSES_HINT = (
+    "register your own launcher: decorate your function that launches softmax_kernel with "
+    '@torch.library.custom_op("lesson08::softmax", mutates_args=())'
+)
+RECOMPILED_HINT = (
+    "the fake turned a size into a Python number (int(x.shape[0]), a size written out), "
+    "so each new shape compiles again: build its result from x's sizes as they are, "
+    "x.new_empty(x.shape)"
 )
 
 
@@ -226,6 +253,9 @@ def _raised(kind: str, message: str) -> str | None:
         NoFake.__name__: NO_FAKE_HINT,
         FakeDisagrees.__name__: FAKE_HINT,
         OutputAliasesInput.__name__: ALIAS_HINT,
+        FakeRuns.__name__: FAKE_RUNS_HINT,
+        CoursesOperator.__name__: COURSES_HINT,
+        Recompiled.__name__: RECOMPILED_HINT,
     }
     if kind == GraphBreak.__name__:
         return GraphBreakFound(message, "").hint()
@@ -235,6 +265,14 @@ def _raised(kind: str, message: str) -> str | None:
 HINTS = dataclasses.replace(SOFTMAX_HINTS, raised=_raised)
 
 
+def _namespace(op) -> str | None:
+    """The namespace an operator is registered in ("lesson08"), None for anything else."""
+    name = getattr(op, "_qualname", None) or getattr(getattr(op, "_schema", None), "name", "")
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        name = op._qualified_op_name
+    return name.split("::", 1)[0] if "::" in name else None
+
+
 def _is_operator(op) -> bool:
     from torch._library.custom_ops import CustomOpDef
 
@@ -242,17 +280,23 @@ def _is_operator(op) -> bool:
 
 
 def _explained(error: Exception) -> Exception:
-    """torch's error, as one of this check's own with a one-line message."""
+    """torch's error, as one of this check's own with a one-line message; the exercise's
+    stub, where it is what raised underneath (torch.library wraps what a fake raises)."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, ExerciseNotDone):
+            return cause
+        cause = cause.__cause__ or cause.__context__
     text = str(error)
     if "no fake impl" in text or "FakeTensor kernel" in text:
         return NoFake("the operator has no fake implementation")
     if "mismatched tensor metadata" in text:
         detail = text.split("mismatched tensor metadata:", 1)[1].split("(scroll up", 1)[0]
         return FakeDisagrees(f"the fake and the real operator disagree: {_first_line(detail)}")
-    if "may not alias" in text or "must not also be an input" in text:
+    if "may not alias" in text:
         return OutputAliasesInput("the operator returned its input, or a view of it")
-    if "fake tensor" in text or "data pointer" in text:
-        return GraphBreak(f"a kernel was launched on fake tensors: {_first_line(text)}")
+    if "fake tensor" in text or "data pointer" in text or 'device "meta"' in text:
+        return FakeRuns(f"the fake ran on fake tensors what needs real ones: {_first_line(text)}")
     return error
 
 
@@ -260,12 +304,16 @@ def _explained(error: Exception) -> Exception:
 def _without_the_checks_factories():
     """Suspend the check's guarded tensor factories (a TorchFunctionMode) while the
     compiler traces: they would hand real memory to a fake implementation."""
-    with torch.overrides._pop_mode_temporarily():
+    with torch.overrides._pop_mode_temporarily() as mode:
+        if not isinstance(mode, GuardedArena):
+            raise RuntimeError(f"the check expected its GuardedArena on top, found {mode!r}")
         yield
 
 
 def _run_stage(op: Callable, stage: str) -> Callable:
     def run(x):
+        if _namespace(op) == "course":
+            raise CoursesOperator("softmax_op is the course's own operator, course::softmax")
         if stage != "eager" and not _is_operator(op):
             raise NotAnOperator(
                 f"softmax_op is a plain {type(op).__name__}, not a registered operator"
@@ -275,7 +323,7 @@ def _run_stage(op: Callable, stage: str) -> Callable:
                 return op(x)
             with _without_the_checks_factories():
                 return _STAGES[stage](op, x)
-        except (GraphBreak, FakeDisagrees):
+        except (GraphBreak, FakeDisagrees, Recompiled):
             raise
         except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
             explained = _explained(error)
@@ -287,12 +335,19 @@ def _run_stage(op: Callable, stage: str) -> Callable:
 
 
 def _opchecked(op, x):
-    # three inputs: a fake with the first's numbers written in fails on the second, and one
-    # that copies x's strides (torch.empty_like) on the third, a column-major x
+    # four inputs: a fake with the first's sizes written in fails on the second, one that
+    # copies x's strides (torch.empty_like) on the third, a column-major x, and one with a
+    # dtype written in on the fourth, in float16
     smaller = x[: max(1, x.shape[0] // 2), : max(1, x.shape[1] - 3)]
-    for args in ((x,), (smaller,), (x.t().contiguous().t(),)):
-        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+    inputs = (x, smaller, x.t().contiguous().t(), x.half())
+    for t in inputs:
+        torch.library.opcheck(op, (t,), test_utils=OPCHECK_TESTS)
     return op(x)
+
+
+# the schema, the fake against the real operator, and the fake under AOTAutograd with
+# symbolic sizes, as torch.compile(dynamic=True) runs it
+OPCHECK_TESTS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
 def _compiled(op, x):
@@ -301,20 +356,24 @@ def _compiled(op, x):
         where = f" ({breaks[0].where})" if breaks[0].where else ""
         raise GraphBreak(f"{breaks[0].reason}{where}")
     torch.compiler.reset()
-    return torch.compile(lambda t: op(t), fullgraph=True, backend=compile_backend())(x)
+    return torch.compile(lambda t: op(t), fullgraph=True, backend=runtime.COMPILE_BACKEND)(x)
 
 
 def _compiled_dynamic(op, x):
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(runtime.COMPILE_BACKEND)(gm, example_inputs)
+
     torch.compiler.reset()
-    compiled = torch.compile(
-        lambda t: op(t), fullgraph=True, dynamic=True, backend=compile_backend()
-    )  # fmt: skip
+    compiled = torch.compile(lambda t: op(t), fullgraph=True, dynamic=True, backend=counting)
     smaller = x[: max(1, x.shape[0] - 2), : max(1, x.shape[1] - 5)].contiguous()
-    first = compiled(smaller)
-    if first.shape != smaller.shape:
-        raise FakeDisagrees(f"the compiled operator gave {list(first.shape)} for input "
-                            f"{list(smaller.shape)}")  # fmt: skip
-    return compiled(x)
+    compiled(smaller)
+    out = compiled(x)
+    if len(graphs) != 1:
+        raise Recompiled(f"two shapes took {len(graphs)} compilations under dynamic=True, not 1")
+    return out
 
 
 _STAGES = {"opcheck": _opchecked, "compiled": _compiled, "dynamic": _compiled_dynamic}
@@ -328,7 +387,7 @@ def check_softmax_op(op: Callable) -> CheckResult:
     if not callable(op):
         raise TypeError(f"check_softmax_op expects your operator, got {type(op).__name__}")
     gen = case_generator(8)
-    rand = lambda *shape, dtype=torch.float32: random_input(gen, shape, dtype, scale=2.0)  # noqa: E731
+    rand = lambda *shape, dtype=torch.float32: random_input(gen, shape, dtype, scale=2.0)
     rows = runtime.by_mode(gpu=4096, interpreter=37)
     wider = rand(20, 900)
     eager = [
@@ -339,12 +398,12 @@ def check_softmax_op(op: Callable) -> CheckResult:
         Case("eager: 37x781, float16", (rand(37, 781, dtype=torch.float16),)),
     ]
     staged = [
-        Case("torch.library.opcheck: the fake against the real operator, 3 inputs",
+        Case("torch.library.opcheck: the fake against the real operator, 4 inputs",
              (rand(9, 100),), kwargs={"stage": "opcheck"}),
         Case("torch.compile(fullgraph=True): no graph break, same values", (rand(7, 300),),
-             kwargs={"stage": "compiled"}, launch_counted=False),
+             kwargs={"stage": "compiled"}, expects_launch=False),
         Case("torch.compile(dynamic=True): two shapes, one graph", (rand(11, 257),),
-             kwargs={"stage": "dynamic"}, launch_counted=False),
+             kwargs={"stage": "dynamic"}, expects_launch=False),
     ]  # fmt: skip
     runs = {stage: _run_stage(op, stage) for stage in ("eager", *_STAGES)}
 

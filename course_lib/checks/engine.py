@@ -47,7 +47,7 @@ class Case:
     input_names: tuple[str, ...] = ()
     # False where the kernels may run through a launcher the count cannot see (code that
     # torch.compile generated): no launch is then no finding
-    launch_counted: bool = True
+    expects_launch: bool = True
 
     def names(self) -> list[str]:
         return list(self.input_names) or _input_names(len(self.inputs))
@@ -578,7 +578,7 @@ class _Diagnosis:
         self, out, expected, inputs, input_buffers, arena, launches: int, contiguous: bool
     ) -> None:
         """Everything a case's call left behind: launches, output, inputs, memory."""
-        if launches == 0 and self.case.launch_counted:
+        if launches == 0 and self.case.expects_launch:
             self.problem("your function launched no Triton kernel", NO_LAUNCH_HINT, "no_launch")
         self.run(out, expected, inputs, input_buffers, arena)
         if contiguous and isinstance(out, torch.Tensor) and not out.is_contiguous():

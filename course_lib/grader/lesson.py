@@ -140,12 +140,19 @@ def read_answers(lesson: Lesson, submission: Path) -> Answers:
 # modules an answer must not reach: the finished kernels, and what decides or records grades
 FORBIDDEN_MODULES = (
     "course_lib.kernels",
+    "course_lib.ops",  # the finished kernels as operators (lesson 08)
+    "torch.ops.course",
     "course_lib.checks",
     "course_lib.grader",
     "course_lib.builder",
     "course_lib.recordings",
     "course_lib.interpreter_guard",
 )
+# what a check runs on in the learner's process: an answer must not replace any of it
+PROTECTED_ATTRIBUTES = ("course_lib", "torch.library", "torch._dynamo", "torch.compile",
+                        "torch.compiler", "torch.testing", "triton.testing")  # fmt: skip
+# names the lessons' setup cells bind to modules
+MODULE_NAMES = {"torch", "triton", "tl", "F", "np", "numpy", "course_lib", "math"}
 # a Triton exercise needs none of these; their use is legal Python but worth a look
 SUSPECT_MODULES = ("os", "sys", "subprocess", "importlib", "builtins", "ctypes", "shutil",
                    "socket", "pathlib", "inspect", "gc", "pickle", "signal", "threading",
@@ -173,6 +180,38 @@ def _is_jit(node: ast.AST) -> bool:
     return name == "jit"
 
 
+def _registers(decorator: ast.AST) -> bool:
+    """A decorator that registers the function as an operator, or adds to one: custom_op,
+    triton_op, register_fake, register_autograd, ..."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    name = _dotted(target).rsplit(".", 1)[-1]
+    return name in ("custom_op", "triton_op") or name.startswith("register_")
+
+
+def _assigned(node: ast.AST) -> list[ast.AST]:
+    """The targets an assignment statement writes to."""
+    if isinstance(node, ast.Assign):
+        return [t for target in node.targets for t in _flattened(target)]
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return _flattened(node.target)
+    return []
+
+
+def _imported(trees: list[ast.AST]) -> set[str]:
+    """The names the answers' own imports bind."""
+    names = set()
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _flattened(target: ast.AST) -> list[ast.AST]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [t for element in target.elts for t in _flattened(element)]
+    return [target]
+
+
 def _dotted(node: ast.AST) -> str:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -194,7 +233,7 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
             found.forbidden.append(f"{grade_id} does not parse: line {error.lineno}: {error.msg}")
     if found.forbidden:
         return found
-    jitted, launched = set(), set()
+    jitted, launched, defined = set(), set(), False
     for tree in trees:
         for node in ast.walk(tree):
             modules = []
@@ -214,17 +253,26 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
                     found.flags.append(f"imports {module}")
             if isinstance(node, ast.Name) and node.id in SUSPECT_NAMES:
                 found.flags.append(f"uses {node.id}")
+            for target in _assigned(node):
+                name = _dotted(target)
+                if any(name == p or name.startswith(p + ".") for p in PROTECTED_ATTRIBUTES):
+                    found.forbidden.append(f"the answer replaces {name}, which checks rely on")
+                elif "." in name and name.split(".")[0] in MODULE_NAMES | _imported(trees):
+                    found.flags.append(f"assigns to {name}")
             if isinstance(node, ast.FunctionDef) and any(map(_is_jit, node.decorator_list)):
                 jitted.add(node.name)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
                 launched.add(_dotted(node.func.value))
             if isinstance(node, ast.FunctionDef) and node.name == exercise.function:
+                defined = True
                 found.flags += _computes_outside_kernels(node)
                 if torch_result := _returns_torch_result(node):
                     found.forbidden.append(
                         f"{exercise.function} returns {torch_result}, which PyTorch computes: "
                         "return the tensor your kernel wrote"
                     )
+    if not defined:
+        found.flags.append(f"defines no function {exercise.function} of its own")
     # an exercise that joins kernels written before has no kernel of its own to launch
     if exercise.writes_kernel and not jitted:
         found.flags.append("defines no @triton.jit kernel in its answer")
@@ -237,9 +285,12 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
 
 def _computes_outside_kernels(launcher: ast.FunctionDef) -> list[str]:
     """torch arithmetic in the launcher itself: the result may not come from the kernel.
-    Its body only: a decorator such as @torch.library.custom_op(...) computes nothing."""
+    Decorators too, except those that register it (@torch.library.custom_op(...)), which
+    compute nothing."""
     flags = []
-    for node in (inner for statement in launcher.body for inner in ast.walk(statement)):
+    decorators = [d for d in launcher.decorator_list if not _registers(d)]
+    statements = [*decorators, *launcher.body]
+    for node in (inner for statement in statements for inner in ast.walk(statement)):
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
             head, _, last = name.rpartition(".")
