@@ -31,6 +31,7 @@ from course_lib.checks.engine import (
     run_check,
 )
 from course_lib.checks.guard import GuardedArena
+from course_lib.checks.launches import LaunchOnFakeTensors, refusing_fake_launches
 from course_lib.checks.softmax import HINTS as SOFTMAX_HINTS
 from course_lib.checks.tolerances import tolerance_for
 
@@ -295,16 +296,20 @@ def _explained(error: Exception) -> Exception:
         return FakeDisagrees(f"the fake and the real operator disagree: {_first_line(detail)}")
     if "may not alias" in text:
         return OutputAliasesInput("the operator returned its input, or a view of it")
-    if "fake tensor" in text or "data pointer" in text or 'device "meta"' in text:
+    if (
+        isinstance(error, LaunchOnFakeTensors) or "launched with fake tensors" in text
+        or "fake tensor" in text or "data pointer" in text or 'device "meta"' in text
+    ):  # fmt: skip
         return FakeRuns(f"the fake ran on fake tensors what needs real ones: {_first_line(text)}")
     return error
 
 
 @contextlib.contextmanager
-def _without_the_checks_factories():
+def _tracing_safely():
     """Suspend the check's guarded tensor factories (a TorchFunctionMode) while the
-    compiler traces: they would hand real memory to a fake implementation."""
-    with torch.overrides._pop_mode_temporarily() as mode:
+    compiler traces: they would hand real memory to a fake implementation. And stop a
+    kernel launched with fake tensors before it runs."""
+    with torch.overrides._pop_mode_temporarily() as mode, refusing_fake_launches():
         if not isinstance(mode, GuardedArena):
             raise RuntimeError(f"the check expected its GuardedArena on top, found {mode!r}")
         yield
@@ -321,7 +326,7 @@ def _run_stage(op: Callable, stage: str) -> Callable:
         try:
             if stage == "eager":
                 return op(x)
-            with _without_the_checks_factories():
+            with _tracing_safely():
                 return _STAGES[stage](op, x)
         except (GraphBreak, FakeDisagrees, Recompiled):
             raise

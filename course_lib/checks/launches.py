@@ -102,3 +102,36 @@ def recording_grids(first_programs: int | None = None):
 
     with _wrapped_runs(wrap):
         yield grids
+
+
+class LaunchOnFakeTensors(RuntimeError):
+    """A kernel was about to be launched with fake tensors, which have no memory."""
+
+
+@contextlib.contextmanager
+def refusing_fake_launches():
+    """Raise LaunchOnFakeTensors instead of launching a kernel with a fake tensor among its
+    arguments. On a GPU such a launch reads a pointer that points nowhere, and the illegal
+    memory access that follows leaves the CUDA context unusable."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from course_lib.kernels._launch import LeanLauncher
+
+    def refuse_fakes(args, kwargs) -> None:
+        if any(isinstance(a, FakeTensor) for a in (*args, *kwargs.values())):
+            raise LaunchOnFakeTensors("a kernel was launched with fake tensors")
+
+    def wrap(run):
+        def refusing(self, *args, **kwargs):
+            refuse_fakes(args, kwargs)
+            return run(self, *args, **kwargs)
+
+        return refusing
+
+    run_compiled = LeanLauncher.run_compiled
+    LeanLauncher.run_compiled = wrap(run_compiled)
+    try:
+        with _wrapped_runs(wrap):
+            yield
+    finally:
+        LeanLauncher.run_compiled = run_compiled
