@@ -347,3 +347,20 @@ def test_matmul_and_softmax_operators_differentiate(activation):
     got = torch.autograd.grad(ops.softmax(x), x, grad_y)[0]
     want = torch.autograd.grad(torch.softmax(x, -1), x, grad_y)[0]
     torch.testing.assert_close(got, want)
+
+
+def test_a_launch_with_fake_tensors_is_stopped_before_it_runs():
+    """On a GPU, a kernel launched with fake tensors reads a pointer to nowhere, and the
+    illegal memory access leaves the CUDA context unusable: the check refuses the launch,
+    through the finished kernels' lean launch as through kernel[grid](...)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from course_lib.checks.launches import LaunchOnFakeTensors, refusing_fake_launches
+
+    x = _rand(4, 8)
+    finished_softmax(x)  # compiled and kept: the next call takes the lean path
+    with FakeTensorMode() as mode, refusing_fake_launches():
+        fake = mode.from_tensor(x)
+        with pytest.raises(LaunchOnFakeTensors):
+            finished_softmax(fake)
+    torch.testing.assert_close(finished_softmax(x), torch.softmax(x, -1))

@@ -118,7 +118,10 @@ def refusing_fake_launches():
     from course_lib.kernels._launch import LeanLauncher
 
     def refuse_fakes(args, kwargs) -> None:
-        if any(isinstance(a, FakeTensor) for a in (*args, *kwargs.values())):
+        # LeanLauncher.run_compiled takes the kernel's arguments as one tuple
+        values = [*args, *kwargs.values()]
+        values += [v for a in values if isinstance(a, (tuple, list)) for v in a]
+        if any(isinstance(v, FakeTensor) for v in values):
             raise LaunchOnFakeTensors("a kernel was launched with fake tensors")
 
     def wrap(run):
