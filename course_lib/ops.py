@@ -146,7 +146,7 @@ _linear = _operator(
 def _linear_backward_impl(grad_y, x, weight, saved, activation, x_shape, needs):
     needs_x, needs_weight, needs_bias = needs
     x2d = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if needs_weight else None
-    grads = linear_kernels.backward(
+    grads = linear_kernels.input_gradients(
         grad_y, x2d, weight if needs_x else None, saved if activation else None, activation,
         needs_bias,
     )  # fmt: skip

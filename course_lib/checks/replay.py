@@ -10,7 +10,9 @@ case's output from the records and judges it against its own inputs and referenc
 Only data crosses: lists of dicts of str, int, float, bool, None and tensors, which
 `torch.load(..., weights_only=True)` reads without running code. A case passes only if
 the grader's judgement passes and the learner's process reported no problem, so a
-tampered process can make its own cases fail, never pass a wrong result.
+tampered process can make its own cases fail, never pass a wrong result. What only the
+learner's process can see rests on it alone: the guard bands, and for lesson 08's
+operator what torch.library.opcheck and the compiler found; the values are still judged.
 """
 
 from __future__ import annotations

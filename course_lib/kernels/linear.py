@@ -238,14 +238,14 @@ class LinearFunction(torch.autograd.Function):
     @once_differentiable  # the backward's kernels record no graph of their own
     def backward(ctx, grad_y):
         x2d, weight, saved = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = backward(
+        grad_x, grad_weight, grad_bias = input_gradients(
             grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
         )
         grad_x = None if grad_x is None else grad_x.view(ctx.x_shape)
         return grad_x, grad_weight, grad_bias, None
 
 
-def backward(grad_y, x2d, weight, saved, activation, bias_grad: bool):
+def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
     """(grad_x [M, in], grad_weight, grad_bias) for the output's gradient grad_y [..., out]:
     grad_x where `weight` is given, grad_weight where `x2d` [M, in] is, grad_bias where
     `bias_grad`; None for the others. `saved` is what the forward kept for the
