@@ -417,6 +417,22 @@ def test_review_refuses_the_courses_operator_and_replaced_checks(source, forbidd
         assert any(flag in f for f in found.flags), found
 
 
+def test_review_reads_names_the_setup_cells_bound_to_modules():
+    """Lesson 08's setup imports the course's operators as `ops`: an answer that calls
+    ops.softmax uses the finished kernel without importing anything."""
+    lesson = lesson_module.load_lesson(NOTEBOOKS / "08_torch_compile.ipynb")
+    (exercise,) = lesson.exercises
+    assert ("ops", "course_lib.ops") in exercise.module_names
+    calls_ops = (
+        '@custom_op("lesson08::softmax", mutates_args=())\n'
+        "def softmax_op(x: torch.Tensor) -> torch.Tensor:\n    return ops.softmax(x)\n"
+    )
+    found = lesson_module.review(exercise, {exercise.answer_ids[0]: calls_ops})
+    assert any("course_lib.ops.softmax" in reason for reason in found.forbidden), found
+    rebinds = "ops = [1]\n" + calls_ops.replace("ops.softmax(x)", "softmax(x)")
+    assert lesson_module.review(exercise, {exercise.answer_ids[0]: rebinds}).forbidden == []
+
+
 def test_a_lesson_whose_check_cell_is_not_a_plain_check_is_refused(tmp_path):
     nb = nbformat.v4.new_notebook()
     meta = {"nbgrader": {"grade": True, "grade_id": "check-x", "points": 1}}

@@ -269,6 +269,9 @@ OPERATOR_MISTAKES = [
                                     body=lambda x: torch.softmax(x, -1)),
      "eager: 1x1", "launch your kernel"),
     ("the course's operator", lambda: ops._softmax, "eager: 1x1", "register your own launcher"),
+    ("the course's wrapper", lambda: ops.softmax, "eager: 1x1", "register your own launcher"),
+    ("fake returns nothing", lambda: _operator("fake_none", lambda x: None),
+     "opcheck", "the fake must return its result"),
     ("fake of float32", lambda: _operator(
         "fake_float32", lambda x: torch.empty(x.shape, dtype=torch.float32, device=x.device)),
      "opcheck", "the fake must describe what the real operator returns"),

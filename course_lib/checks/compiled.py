@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from course_lib import references, runtime
 from course_lib.checks.engine import (
@@ -75,7 +76,7 @@ def graph_breaks(fn: Callable, *args) -> list[GraphBreakFound]:
         where = ""
         if frame is not None:
             code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-            where = f"{_short_file(frame.filename)}, line {frame.lineno}: {code}"
+            where = f"{_file_and(frame.filename)}line {frame.lineno}: {code}"
         found.append(GraphBreakFound(_reason(str(info.reason)), where))
     return found
 
@@ -92,9 +93,12 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), text)[:300]
 
 
-def _short_file(filename: str) -> str:
-    # a notebook cell's file is a long temporary path; its tail is what a reader knows
-    return filename.rsplit("/", 1)[-1]
+def _file_and(filename: str) -> str:
+    """'file.py, ' for a file of the learner's; nothing for a notebook cell, whose file is
+    a temporary name (…/ipykernel_123/4252444717.py) that says nothing to its reader."""
+    if "ipykernel" in filename:
+        return ""
+    return f"{filename.rsplit('/', 1)[-1]}, "
 
 
 # -- check_compiled -----------------------------------------------------------------------
@@ -205,6 +209,10 @@ class FakeRuns(RuntimeError):
     """The fake implementation launched a kernel or read values."""
 
 
+class FakeReturnsNothing(RuntimeError):
+    """The fake implementation returned no tensor."""
+
+
 class CoursesOperator(TypeError):
     """The operator given is the course's own, not the learner's."""
 
@@ -216,8 +224,10 @@ class Recompiled(RuntimeError):
 OPERATOR_HINT = (
     'decorate the function with @torch.library.custom_op("lesson08::softmax", '
     "mutates_args=()) (with type annotations on its argument and result), so that "
-    "the compiler sees one operator instead of your launcher's Python"
+    "the compiler sees one operator instead of your launcher's Python. If you did, check "
+    "that no later def reuses the name softmax_op: name the fake's function _"
 )
+FAKE_RETURNS_NOTHING_HINT = "the fake must return its result: return x.new_empty(x.shape)"
 NO_FAKE_HINT = (
     "give the operator a fake implementation: @softmax_op.register_fake on a function that "
     "returns an empty tensor of the output's shape, dtype and strides, without running "
@@ -257,6 +267,7 @@ def _raised(kind: str, message: str) -> str | None:
         FakeRuns.__name__: FAKE_RUNS_HINT,
         CoursesOperator.__name__: COURSES_HINT,
         Recompiled.__name__: RECOMPILED_HINT,
+        FakeReturnsNothing.__name__: FAKE_RETURNS_NOTHING_HINT,
     }
     if kind == GraphBreak.__name__:
         return GraphBreakFound(message, "").hint()
@@ -300,7 +311,8 @@ def _explained(error: Exception) -> Exception:
         isinstance(error, LaunchOnFakeTensors) or "launched with fake tensors" in text
         or "fake tensor" in text or "data pointer" in text or 'device "meta"' in text
     ):  # fmt: skip
-        return FakeRuns(f"the fake ran on fake tensors what needs real ones: {_first_line(text)}")
+        detail = _first_line(text).replace("(scroll up for stack trace)", "").strip()
+        return FakeRuns(f"the fake ran on fake tensors what needs real ones: {detail}")
     return error
 
 
@@ -317,7 +329,7 @@ def _tracing_safely():
 
 def _run_stage(op: Callable, stage: str) -> Callable:
     def run(x):
-        if _namespace(op) == "course":
+        if _namespace(op) == "course" or getattr(op, "__module__", "") == "course_lib.ops":
             raise CoursesOperator("softmax_op is the course's own operator, course::softmax")
         if stage != "eager" and not _is_operator(op):
             raise NotAnOperator(
@@ -328,7 +340,7 @@ def _run_stage(op: Callable, stage: str) -> Callable:
                 return op(x)
             with _tracing_safely():
                 return _STAGES[stage](op, x)
-        except (GraphBreak, FakeDisagrees, Recompiled):
+        except (GraphBreak, FakeDisagrees, Recompiled, FakeReturnsNothing):
             raise
         except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
             explained = _explained(error)
@@ -345,6 +357,10 @@ def _opchecked(op, x):
     # dtype written in on the fourth, in float16
     smaller = x[: max(1, x.shape[0] // 2), : max(1, x.shape[1] - 3)]
     inputs = (x, smaller, x.t().contiguous().t(), x.half())
+    with FakeTensorMode() as mode:  # what the fake returns, before opcheck compares it
+        described = op(mode.from_tensor(x))
+    if not isinstance(described, torch.Tensor):
+        raise FakeReturnsNothing(f"the fake returned {type(described).__name__}, not a tensor")
     for t in inputs:
         torch.library.opcheck(op, (t,), test_utils=OPCHECK_TESTS)
     return op(x)

@@ -38,6 +38,9 @@ class Exercise:
     # whether the course's answer cells define a @triton.jit kernel; False where the answer
     # joins kernels written before (an autograd.Function over them, say)
     writes_kernel: bool = True
+    # the names the lesson's setup cells before it bind to modules, as (name, module):
+    # ("ops", "course_lib.ops") after `from course_lib import ops`
+    module_names: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,31 @@ def _check_call(source: str, where: str) -> tuple[str, str]:
     return call.func.attr, call.args[0].id
 
 
+def _module_names(source: str) -> dict[str, str]:
+    """The names a cell's imports bind, each to the module it stands for."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    root = alias.name.split(".")[0]
+                    names[root] = root
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
 def load_lesson(path: Path) -> Lesson:
     """Read a course lesson notebook: its code cells in order, and its exercises."""
     nb = nbformat.read(path, as_version=4)
     cells, exercises, answers, writes_kernel = [], [], [], False
+    module_names: dict[str, str] = {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -89,13 +113,15 @@ def load_lesson(path: Path) -> Lesson:
         elif meta.get("grade"):
             checker, function = _check_call(cell.source, where)
             points = float(meta.get("points", 0))
-            exercises.append(
-                Exercise(grade_id, points, checker, function, tuple(answers), writes_kernel)
-            )
+            exercises.append(Exercise(
+                grade_id, points, checker, function, tuple(answers), writes_kernel,
+                tuple(module_names.items()),
+            ))  # fmt: skip
             cells.append({"kind": "check", "source": cell.source, "grade_id": grade_id})
             answers, writes_kernel = [], False
         else:
             cells.append({"kind": "setup", "source": cell.source, "grade_id": None})
+            module_names |= _module_names(cell.source)
     if not exercises:
         raise LessonError(f"{path}: no graded check cell; is this a lesson notebook?")
     ids = [e.grade_id for e in exercises] + [c["grade_id"] for c in cells if c["kind"] == "answer"]
@@ -197,6 +223,14 @@ def _assigned(node: ast.AST) -> list[ast.AST]:
     return []
 
 
+def _resolved(dotted: str, module_names: dict[str, str]) -> str:
+    """`ops.softmax` as `course_lib.ops.softmax` where a setup cell bound ops to it."""
+    root, _, rest = dotted.partition(".")
+    if root not in module_names:
+        return dotted
+    return f"{module_names[root]}.{rest}" if rest else module_names[root]
+
+
 def _imported(trees: list[ast.AST]) -> set[str]:
     """The names the answers' own imports bind."""
     names = set()
@@ -234,6 +268,11 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
     if found.forbidden:
         return found
     jitted, launched, defined = set(), set(), False
+    # names the setup cells bound to modules, unless the answer binds them anew
+    rebound = _imported(trees) | {
+        _dotted(t) for tree in trees for node in ast.walk(tree) for t in _assigned(node)
+    }
+    setup_names = {n: m for n, m in exercise.module_names if n not in rebound}
     for tree in trees:
         for node in ast.walk(tree):
             modules = []
@@ -243,7 +282,7 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
                 base = node.module or ""
                 modules = [base] + [f"{base}.{alias.name}" for alias in node.names]
             elif isinstance(node, ast.Attribute):
-                modules = [_dotted(node)]
+                modules = [_resolved(_dotted(node), setup_names)]
             for module in modules:
                 if any(module == m or module.startswith(m + ".") for m in FORBIDDEN_MODULES):
                     found.forbidden.append(f"the answer uses {module}: write your own kernel")
