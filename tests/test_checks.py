@@ -6,6 +6,7 @@ import re
 import broken_kernels as broken
 import pytest
 import torch
+from reports import assert_hint_under, assert_no_other_family
 
 import course_lib
 from course_lib import runtime
@@ -872,9 +873,7 @@ LESSON_05_MISTAKES = [
 def test_lesson_05_checks_name_the_mistake(check, fn, problem, hint):
     report = _lesson_05_failure(check, fn)
     assert problem in report, report
-    # the hint under that problem's case, not another case's
-    case_then_hint = re.escape(problem) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
-    assert re.search(case_then_hint, report), report
+    assert_hint_under(report, problem, hint)
 
 
 @pytest.mark.parametrize(
@@ -1210,13 +1209,8 @@ def _conv2d_failure(fn) -> str:
 )
 def test_conv2d_check_names_the_mistake_and_no_other(fn, case, hint, families):
     report = _conv2d_failure(fn)
-    # the hint under that case's line, not another case's
-    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
-    assert re.search(case_then_hint, report), report
-    hints = re.findall(r"hint: (.*)", report)
-    for family, texts in CONV2D_FAMILIES.items():
-        if family not in families:
-            assert not any(t in h for h in hints for t in texts), (family, report)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, families, CONV2D_FAMILIES)
 
 
 def test_conv2d_check_passes_a_right_kernel_and_covers_the_awkward_cases(capsys):
@@ -1348,12 +1342,8 @@ def _linear_failure(fn) -> str:
 )
 def test_linear_checks_name_the_mistake_and_no_other(fn, case, hint, families):
     report = _linear_failure(fn)
-    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
-    assert re.search(case_then_hint, report), report
-    hints = re.findall(r"hint: (.*)", report)
-    for family, texts in LINEAR_FAMILIES.items():
-        if family not in families:
-            assert not any(t in h for h in hints for t in texts), (family, report)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, families, LINEAR_FAMILIES)
 
 
 def test_linear_checks_cover_the_awkward_cases():

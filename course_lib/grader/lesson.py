@@ -269,7 +269,8 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
         return found
     jitted, launched, defined = set(), set(), False
     # names the setup cells bound to modules, unless the answer binds them anew
-    rebound = _imported(trees) | {
+    imported = _imported(trees)
+    rebound = imported | {
         _dotted(t) for tree in trees for node in ast.walk(tree) for t in _assigned(node)
     }
     setup_names = {n: m for n, m in exercise.module_names if n not in rebound}
@@ -296,7 +297,7 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
                 name = _dotted(target)
                 if any(name == p or name.startswith(p + ".") for p in PROTECTED_ATTRIBUTES):
                     found.forbidden.append(f"the answer replaces {name}, which checks rely on")
-                elif "." in name and name.split(".")[0] in MODULE_NAMES | _imported(trees):
+                elif "." in name and name.split(".")[0] in MODULE_NAMES | imported:
                     found.flags.append(f"assigns to {name}")
             if isinstance(node, ast.FunctionDef) and any(map(_is_jit, node.decorator_list)):
                 jitted.add(node.name)
