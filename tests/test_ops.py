@@ -365,3 +365,68 @@ def test_a_launch_with_fake_tensors_is_stopped_before_it_runs():
         with pytest.raises(LaunchOnFakeTensors):
             finished_softmax(fake)
     torch.testing.assert_close(finished_softmax(x), torch.softmax(x, -1))
+
+
+def _generated_code(fn, *args):
+    """What Inductor writes for fn, forward and backward, after running it."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.compiler.reset()
+    return "\n".join(run_and_get_code(fn, *args)[1])
+
+
+@pytest.mark.gpu
+def test_inductor_launches_the_operators_plain_kernels_itself():
+    """Taken apart on a GPU: softmax's kernel and a small layer's kernels, forward and
+    backward, are launched from Inductor's code, with no call of the operator left."""
+    x = _rand(33, 781)
+    compiled = torch.compile(lambda x: ops.softmax(x) * 2, fullgraph=True)
+    code = _generated_code(compiled, x)
+    assert "torch.ops.course" not in code and "softmax_kernel" in code
+    torch.testing.assert_close(compiled(x), torch.softmax(x, -1) * 2)
+
+    x, weight = _rand(5, 40).requires_grad_(), _rand(24, 40, seed=1).requires_grad_()
+    bias, grad_y = _rand(24, seed=2).requires_grad_(), _rand(5, 24, seed=3)
+    layer = torch.compile(ops.linear, fullgraph=True)
+    code = _generated_code(
+        lambda *a: torch.autograd.grad(layer(*a, activation="gelu"), a, grad_y), x, weight, bias
+    )
+    assert "torch.ops.course" not in code
+    assert "linear_kernel" in code and "output_grad_kernel" in code
+    got = torch.autograd.grad(layer(x, weight, bias, activation="gelu"), (x, weight, bias), grad_y)
+    want = torch.autograd.grad(
+        torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias)), (x, weight, bias),
+        grad_y,
+    )  # fmt: skip
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_an_autotuned_product_stays_one_operator_call_under_inductor():
+    """Past SMALL_PRODUCT matmul's kernel is autotuned, which the graph does not take
+    (Inductor would tune it again): the operator is called whole, and still right."""
+    a, b = _rand(512, 384, dtype=torch.float16), _rand(384, 640, dtype=torch.float16, seed=1)
+    compiled = torch.compile(ops.matmul, fullgraph=True)
+    code = _generated_code(compiled, a, b)
+    assert "torch.ops.course.matmul" in code
+    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+
+
+def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
+    """Autotuned kernels and host-side TMA descriptors are not recorded into a graph:
+    the operator that launches them stays whole (see NotTraceable)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from course_lib.kernels import matmul_fast_paths as fast
+    from course_lib.kernels._launch import NotTraceable, launching_into_graph
+
+    c = _rand(16, 16)
+    with launching_into_graph():
+        with pytest.raises(NotTraceable, match="autotuned"):
+            fast.tma_autotuned_launcher[(1,)](c)
+        with pytest.raises(NotTraceable, match="TMA descriptors"):
+            fast.tma_launcher[(1,)](TensorDescriptor.from_tensor(c, [16, 16]))
+        # no route is kept for traced tensors, which have no address to key it by
+        assert fast._layout(c, c, None) is None
+    assert fast._layout(c, c, None) is not None

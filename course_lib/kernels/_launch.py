@@ -66,8 +66,9 @@ def cdiv(a: int, b: int) -> int:
 
 
 def next_power_of_2(n: int) -> int:
-    """The least power of two >= n (1 for n <= 1); triton.next_power_of_2, without its cost."""
-    return 1 << (n - 1).bit_length() if n > 1 else 1
+    """The least power of two >= n (1 for n <= 1); triton.next_power_of_2, without its cost.
+    A size traced symbolically by torch.compile is made concrete here (it specialises)."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
 
 
 @dataclass
@@ -113,6 +114,37 @@ def _triton_internals():
         return None
 
 
+class NotTraceable(RuntimeError):
+    """A launch that is not recorded into torch.compile's graph, and leaves the operator
+    that makes it one opaque call (see course_lib.ops): one with TMA descriptors built on
+    the host, which Inductor cannot take, or of an autotuned kernel, which Inductor would
+    tune again by its own timing: on an H100, its tiles for lesson 05's kernel at 1024^3
+    fp16 ran at 0.87 of the speed of the autotuner's. Kept whole, the operator runs the
+    autotuner's choice, and the host pays for its dispatch (tens of microseconds)."""
+
+
+_into_graph = False
+
+
+@contextlib.contextmanager
+def launching_into_graph() -> Iterator[None]:
+    """Within the block, every LeanLauncher launch goes through torch.library.wrap_triton:
+    called by torch.compile's tracing on traced tensors, that records the kernel into the
+    graph, for Inductor to launch from its own code, instead of launching it."""
+    global _into_graph
+    saved, _into_graph = _into_graph, True
+    try:
+        yield
+    finally:
+        _into_graph = saved
+
+
+def into_graph() -> bool:
+    """Whether launches are being recorded into a graph (see launching_into_graph): no
+    tensor has an address then, and nothing is to be kept for later calls."""
+    return _into_graph
+
+
 _INTERNALS = None if runtime.INTERPRETED else _triton_internals()
 # compiled kernels a launcher keeps at most, one per specialisation and set of sizes
 MAX_KEPT = 1024
@@ -155,6 +187,9 @@ class LeanLauncher:
         return lambda *args, **meta: self.launch(grid, args, meta)
 
     def launch(self, grid, args: tuple, meta: dict) -> None:
+        if _into_graph:
+            self._launch_into_graph(grid, args, meta)
+            return
         if _INTERNALS is None:
             self._plain(grid, args, meta)
             return
@@ -192,6 +227,15 @@ class LeanLauncher:
             grid[0], grid[1], grid[2], stream, entry.function, entry.metadata, None, None, None,
             *args, *entry.constexprs,
         )  # fmt: skip
+
+    def _launch_into_graph(self, grid, args: tuple, meta: dict) -> None:
+        import torch.library
+
+        if any(isinstance(a, TensorDescriptor) for a in args):
+            raise NotTraceable(f"{self.jit.__name__} takes TMA descriptors built on the host")
+        if self.tuned:
+            raise NotTraceable(f"{self.jit.__name__} is autotuned")
+        torch.library.wrap_triton(self.kernel)[grid](*args, **meta)
 
     def _named(self, args: tuple, meta: dict, config: dict) -> dict:
         """Every argument by name, as Triton hands them to a grid function or a pre_hook."""

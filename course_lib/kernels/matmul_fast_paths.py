@@ -24,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.interpreter_guard import span
-from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
+from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, NotTraceable, cdiv, into_graph
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_PRODUCT,
@@ -111,9 +111,9 @@ def _layout(a, b, activation) -> tuple | None:
     """Everything matmul's checks and choice of kernel depend on: shapes, strides, dtypes,
     devices, whether each operand starts 16-byte aligned, the activation and, for fp32,
     whether TF32 is allowed. None where no route is kept (an argument that is not a
-    tensor, an unknown activation)."""
+    tensor, an unknown activation, tensors traced into a graph)."""
     tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-    if not tensors or activation not in (None, "relu"):
+    if not tensors or activation not in (None, "relu") or into_graph():
         return None
     return (
         a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
@@ -142,6 +142,8 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
         a, b, c, activation, tf32
     )
     route.launch(a, b, c)
+    if layout is None:
+        return c
     if len(_routes) >= MAX_KEPT:
         _routes.clear()
     _routes[layout] = route
@@ -325,6 +327,10 @@ def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) ->
         return False  # a float64 product (lesson 07's gradcheck) takes linear_kernel
     if a.dtype == torch.float32 and not (tf32 and _column_major(b) and not _column_major(a)):
         return False
+    if into_graph():  # traced tensors have no address to check, and descriptors no record
+        raise NotTraceable(
+            "a product for tma_matmul_kernel, whose descriptors Inductor cannot take"
+        )
     return not any(_tma_rule_broken(t) for t in (_by_rows(a), _by_rows(b), c))
 
 
