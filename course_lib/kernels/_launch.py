@@ -229,8 +229,6 @@ class LeanLauncher:
         )  # fmt: skip
 
     def _launch_into_graph(self, grid, args: tuple, meta: dict) -> None:
-        import torch.library
-
         if any(isinstance(a, TensorDescriptor) for a in args):
             raise NotTraceable(f"{self.jit.__name__} takes TMA descriptors built on the host")
         if self.tuned:
