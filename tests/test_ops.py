@@ -403,28 +403,56 @@ def test_inductor_launches_the_operators_plain_kernels_itself():
 
 
 @pytest.mark.gpu
-def test_an_autotuned_product_stays_one_operator_call_under_inductor():
-    """Past SMALL_PRODUCT matmul's kernel is autotuned, which the graph does not take
-    (Inductor would tune it again): the operator is called whole, and still right."""
+def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
+    """Past SMALL_PRODUCT matmul's kernel is autotuned: the graph takes it with the config
+    the course's autotuner chose for that shape, so Inductor launches that tile and does
+    not tune again. Under dynamic shapes no one config stands for every size, and the
+    operator stays whole."""
+    from course_lib.kernels import matmul as lesson05
+
     a, b = _rand(512, 384, dtype=torch.float16), _rand(384, 640, dtype=torch.float16, seed=1)
     compiled = torch.compile(ops.matmul, fullgraph=True)
     code = _generated_code(compiled, a, b)
-    assert "torch.ops.course.matmul" in code
+    assert "torch.ops.course" not in code and "matmul_kernel" in code
+    chosen = lesson05.matmul_kernel_autotuned.best_config
+    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
+    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+
+    dynamic = torch.compile(ops.matmul, fullgraph=True, dynamic=True)
+    assert "torch.ops.course.matmul" in _generated_code(dynamic, a, b)
+    torch.testing.assert_close(dynamic(a, b), a @ b, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_a_tma_product_stays_one_operator_call_under_inductor():
+    """A product for the Hopper TMA kernel builds its descriptors on the host, which a
+    traced operator cannot record: the operator is called whole, and still right."""
+    from course_lib.kernels import matmul_fast_paths as fast
+
+    if not fast.tma_available():
+        pytest.skip("no TMA kernel on this GPU")
+    # a 16-bit K-major b takes the TMA kernel from 256^3 on
+    a = _rand(512, 384, dtype=torch.float16)
+    b = _rand(640, 384, dtype=torch.float16, seed=1).t()
+    compiled = torch.compile(ops.matmul, fullgraph=True)
+    assert "torch.ops.course.matmul" in _generated_code(compiled, a, b)
     torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
 
 
 def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
-    """Autotuned kernels and host-side TMA descriptors are not recorded into a graph:
-    the operator that launches them stays whole (see NotTraceable)."""
+    """Host-side TMA descriptors, and autotuned kernels at symbolic sizes, are not
+    recorded into a graph: the operator that launches them stays whole (NotTraceable)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from course_lib.kernels import matmul as lesson05
     from course_lib.kernels import matmul_fast_paths as fast
     from course_lib.kernels._launch import NotTraceable, launching_into_graph
 
-    c = _rand(16, 16)
+    c, size = _rand(16, 16), ShapeEnv().create_unbacked_symint()
     with launching_into_graph():
-        with pytest.raises(NotTraceable, match="autotuned"):
-            fast.tma_autotuned_launcher[(1,)](c)
+        with pytest.raises(NotTraceable, match="symbolic"):
+            lesson05.matmul_autotuned_launcher[(1,)](c, c, c, size, 16, 16, 16, 1, 16, 1, 16, 1)
         with pytest.raises(NotTraceable, match="TMA descriptors"):
             fast.tma_launcher[(1,)](TensorDescriptor.from_tensor(c, [16, 16]))
         # no route is kept for traced tensors, which have no address to key it by

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -117,10 +118,10 @@ def _triton_internals():
 class NotTraceable(RuntimeError):
     """A launch that is not recorded into torch.compile's graph, and leaves the operator
     that makes it one opaque call (see course_lib.ops): one with TMA descriptors built on
-    the host, which Inductor cannot take, or of an autotuned kernel, which Inductor would
-    tune again by its own timing: on an H100, its tiles for lesson 05's kernel at 1024^3
-    fp16 ran at 0.87 of the speed of the autotuner's. Kept whole, the operator runs the
-    autotuner's choice, and the host pays for its dispatch (tens of microseconds)."""
+    the host, which torch.compile records only when Dynamo itself traces the launch, never
+    in an operator's implementation; or one of an autotuned kernel at symbolic sizes, for
+    which no single config can stand (kept whole, the operator tunes per size as eager
+    calls do). Kept whole, the operator pays for its dispatch (tens of microseconds)."""
 
 
 _into_graph = False
@@ -231,9 +232,29 @@ class LeanLauncher:
     def _launch_into_graph(self, grid, args: tuple, meta: dict) -> None:
         if any(isinstance(a, TensorDescriptor) for a in args):
             raise NotTraceable(f"{self.jit.__name__} takes TMA descriptors built on the host")
-        if self.tuned:
-            raise NotTraceable(f"{self.jit.__name__} is autotuned")
-        torch.library.wrap_triton(self.kernel)[grid](*args, **meta)
+        config = self._chosen_config(grid, args, meta) if self.tuned else {}
+        if callable(grid):
+            grid = tuple(grid(self._named(args, meta, config)))
+        torch.library.wrap_triton(self.jit)[grid](*args, **meta, **config)
+
+    def _chosen_config(self, grid, args: tuple, meta: dict) -> dict:
+        """The config, as kwargs, that the autotuner chooses for a launch like this one.
+
+        It is handed to the graph as the plain kernel's constexprs and options, so that
+        Inductor launches what an eager call would. Given the autotuner itself, Inductor
+        would tune again by its own timing: on an H100 its tile for lesson 05's kernel at
+        1024^3 fp16 ran at 0.87 of the speed of ours. The autotuner runs here, once, on
+        scratch tensors with the traced ones' sizes, strides and dtypes; a key it has
+        tuned already costs one launch."""
+        if not all(_static(a) for a in args):
+            raise NotTraceable(f"{self.jit.__name__} is autotuned, and these sizes are symbolic")
+        with _disable_current_modes():  # real tensors, outside the tracing
+            scratch = tuple(_scratch_like(a) if isinstance(a, torch.Tensor) else a for a in args)
+            self.kernel[grid](*scratch, **meta)
+        chosen = self.kernel.best_config
+        if chosen.pre_hook is not None:
+            raise NotTraceable(f"{self.jit.__name__}'s configs have a pre_hook")
+        return {**chosen.kwargs, "num_warps": chosen.num_warps, "num_stages": chosen.num_stages}
 
     def _named(self, args: tuple, meta: dict, config: dict) -> dict:
         """Every argument by name, as Triton hands them to a grid function or a pre_hook."""
@@ -274,6 +295,21 @@ class LeanLauncher:
             compiled.run, compiled.function, compiled.packed_metadata, resolved, constexprs,
             config, pre_hook,
         )  # fmt: skip
+
+
+def _static(arg) -> bool:
+    """Whether an argument traced by torch.compile has concrete sizes (no SymInt)."""
+    if isinstance(arg, torch.Tensor):
+        return all(type(n) is int for n in (*arg.shape, *arg.stride()))
+    return not isinstance(arg, torch.SymInt)
+
+
+def _scratch_like(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor with t's sizes, strides, dtype and device, random where it is
+    floating point, for the autotuner to time a traced launch on."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    make = torch.randn if t.dtype.is_floating_point else torch.zeros
+    return make(span, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
 
 
 def _features(args: tuple) -> tuple | None:
