@@ -245,7 +245,8 @@ class LeanLauncher:
         would tune again by its own timing: on an H100 its tile for lesson 05's kernel at
         1024^3 fp16 ran at 0.87 of the speed of ours. The autotuner runs here, once, on
         scratch tensors with the traced ones' sizes, strides and dtypes; a key it has
-        tuned already costs one launch."""
+        tuned already costs one launch. The choice is then part of the compiled graph,
+        which Inductor may keep in its cache on disk and reuse in a later process."""
         if not all(_static(a) for a in args):
             raise NotTraceable(f"{self.jit.__name__} is autotuned, and these sizes are symbolic")
         with _disable_current_modes():  # real tensors, outside the tracing
