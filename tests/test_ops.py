@@ -424,9 +424,11 @@ def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
 
 
 @pytest.mark.gpu
-def test_a_tma_product_stays_one_operator_call_under_inductor():
-    """A product for the Hopper TMA kernel builds its descriptors on the host, which a
-    traced operator cannot record: the operator is called whole, and still right."""
+def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
+    """A product for the Hopper TMA kernel enters the graph too: the kernel builds its
+    descriptors on the GPU there, with the tile the autotuner chose, since torch records
+    no descriptor built on the host. A layer's forward with bias and GELU goes the same
+    way, forward and backward."""
     from course_lib.kernels import matmul_fast_paths as fast
 
     if not fast.tma_available():
@@ -435,13 +437,35 @@ def test_a_tma_product_stays_one_operator_call_under_inductor():
     a = _rand(512, 384, dtype=torch.float16)
     b = _rand(640, 384, dtype=torch.float16, seed=1).t()
     compiled = torch.compile(ops.matmul, fullgraph=True)
-    assert "torch.ops.course.matmul" in _generated_code(compiled, a, b)
+    code = _generated_code(compiled, a, b)
+    assert "torch.ops.course" not in code and "tma_matmul_kernel" in code
+    chosen = fast.tma_matmul_autotuned.best_config
+    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
     torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+
+    # past TMA_MIN_PRODUCT, every product of a GELU layer, forward and backward
+    x = _rand(2048, 2048, dtype=torch.bfloat16).requires_grad_()
+    weight = (_rand(2048, 2048, dtype=torch.bfloat16, seed=1) / 45).requires_grad_()
+    bias, grad_y = (
+        _rand(2048, dtype=torch.bfloat16, seed=2).requires_grad_(),
+        _rand(2048, 2048, dtype=torch.bfloat16, seed=3),
+    )
+    layer = torch.compile(ops.linear, fullgraph=True)
+    step = lambda *a: torch.autograd.grad(layer(*a, activation="gelu"), a, grad_y)
+    code = _generated_code(step, x, weight, bias)
+    assert "torch.ops.course" not in code and "tma_matmul_kernel" in code
+    want = torch.autograd.grad(
+        torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias)), (x, weight, bias),
+        grad_y,
+    )  # fmt: skip
+    for got, expected in zip(step(x, weight, bias), want):
+        assert (got - expected).float().norm() <= 1e-2 * expected.float().norm()
 
 
 def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
     """Host-side TMA descriptors, and autotuned kernels at symbolic sizes, are not
-    recorded into a graph: the operator that launches them stays whole (NotTraceable)."""
+    recorded into a graph: the operator that launches them stays whole (NotTraceable).
+    Traced operands are checked against the TMA unit's rules by their offsets."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -457,4 +481,6 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
             fast.tma_launcher[(1,)](TensorDescriptor.from_tensor(c, [16, 16]))
         # no route is kept for traced tensors, which have no address to key it by
         assert fast._layout(c, c, None) is None
+        assert fast._tma_rule_broken(c) is None
+        assert "aligned" in fast._tma_rule_broken(c.view(-1)[1:-15].view(15, 16))
     assert fast._layout(c, c, None) is not None

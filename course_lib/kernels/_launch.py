@@ -20,6 +20,7 @@ has hooked the launches, every call goes through `kernel[grid]` as usual.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -119,9 +120,11 @@ class NotTraceable(RuntimeError):
     """A launch that is not recorded into torch.compile's graph, and leaves the operator
     that makes it one opaque call (see course_lib.ops): one with TMA descriptors built on
     the host, which torch.compile records only when Dynamo itself traces the launch, never
-    in an operator's implementation; or one of an autotuned kernel at symbolic sizes, for
-    which no single config can stand (kept whole, the operator tunes per size as eager
-    calls do). Kept whole, the operator pays for its dispatch (tens of microseconds)."""
+    in an operator's implementation (matmul's TMA path builds them on the GPU instead); or
+    one of an autotuned kernel at symbolic sizes, for which no single config can stand
+    (kept whole, the operator tunes per size as eager calls do), or whose configs have a
+    pre_hook that the graph would not run. Kept whole, the operator pays for its
+    dispatch (tens of microseconds)."""
 
 
 _into_graph = False
@@ -232,30 +235,14 @@ class LeanLauncher:
     def _launch_into_graph(self, grid, args: tuple, meta: dict) -> None:
         if any(isinstance(a, TensorDescriptor) for a in args):
             raise NotTraceable(f"{self.jit.__name__} takes TMA descriptors built on the host")
-        config = self._chosen_config(grid, args, meta) if self.tuned else {}
+        config = {}
+        if self.tuned:
+            if any(c.pre_hook is not None for c in self.kernel.configs):
+                raise NotTraceable(f"{self.jit.__name__}'s configs have a pre_hook")
+            config = tuned_config(self.kernel, grid, args, meta)
         if callable(grid):
             grid = tuple(grid(self._named(args, meta, config)))
         torch.library.wrap_triton(self.jit)[grid](*args, **meta, **config)
-
-    def _chosen_config(self, grid, args: tuple, meta: dict) -> dict:
-        """The config, as kwargs, that the autotuner chooses for a launch like this one.
-
-        It is handed to the graph as the plain kernel's constexprs and options, so that
-        Inductor launches what an eager call would. Given the autotuner itself, Inductor
-        would tune again by its own timing: on an H100 its tile for lesson 05's kernel at
-        1024^3 fp16 ran at 0.87 of the speed of ours. The autotuner runs here, once, on
-        scratch tensors with the traced ones' sizes, strides and dtypes; a key it has
-        tuned already costs one launch. The choice is then part of the compiled graph,
-        which Inductor may keep in its cache on disk and reuse in a later process."""
-        if not all(_static(a) for a in args):
-            raise NotTraceable(f"{self.jit.__name__} is autotuned, and these sizes are symbolic")
-        with _disable_current_modes():  # real tensors, outside the tracing
-            scratch = tuple(_scratch_like(a) if isinstance(a, torch.Tensor) else a for a in args)
-            self.kernel[grid](*scratch, **meta)
-        chosen = self.kernel.best_config
-        if chosen.pre_hook is not None:
-            raise NotTraceable(f"{self.jit.__name__}'s configs have a pre_hook")
-        return {**chosen.kwargs, "num_warps": chosen.num_warps, "num_stages": chosen.num_stages}
 
     def _named(self, args: tuple, meta: dict, config: dict) -> dict:
         """Every argument by name, as Triton hands them to a grid function or a pre_hook."""
@@ -298,19 +285,46 @@ class LeanLauncher:
         )  # fmt: skip
 
 
+def tuned_config(kernel: Autotuner, grid, args: tuple, meta: dict) -> dict:
+    """The config, as kwargs, that `kernel`'s autotuner chooses for a launch with these
+    arguments, traced by torch.compile, for the graph to launch the plain kernel with.
+
+    Given the autotuner itself, Inductor would tune again by its own timing: on an H100
+    its tile for lesson 05's kernel at 1024^3 fp16 ran at 0.87 of the speed of ours. So
+    the autotuner runs here, once, on scratch tensors (and descriptors over them) with
+    the traced ones' sizes, strides and dtypes; a key it has tuned already costs one
+    launch. The choice is then part of the compiled graph, which Inductor may keep in
+    its cache on disk and reuse in a later process."""
+    if not all(_static(a) for a in args):
+        raise NotTraceable(f"{kernel.fn.__name__} is autotuned, and these sizes are symbolic")
+    with _disable_current_modes():  # real tensors, outside the tracing
+        kernel[grid](*(_scratch_like(a) for a in args), **meta)
+    chosen = kernel.best_config
+    return {**chosen.kwargs, "num_warps": chosen.num_warps, "num_stages": chosen.num_stages}
+
+
 def _static(arg) -> bool:
     """Whether an argument traced by torch.compile has concrete sizes (no SymInt)."""
+    if isinstance(arg, TensorDescriptor):
+        arg = arg.base
     if isinstance(arg, torch.Tensor):
         return all(type(n) is int for n in (*arg.shape, *arg.stride()))
     return not isinstance(arg, torch.SymInt)
 
 
-def _scratch_like(t: torch.Tensor) -> torch.Tensor:
-    """A real tensor with t's sizes, strides, dtype and device, random where it is
-    floating point, for the autotuner to time a traced launch on."""
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
-    make = torch.randn if t.dtype.is_floating_point else torch.zeros
-    return make(span, dtype=t.dtype, device=t.device).as_strided(t.shape, t.stride())
+def _scratch_like(arg):
+    """For a tensor, a real one with its sizes, strides, dtype and device, random where
+    it is floating point; for a descriptor, the same descriptor over such a tensor; any
+    other argument as it is. What the autotuner times a traced launch on."""
+    if isinstance(arg, TensorDescriptor):
+        scratch = copy.copy(arg)
+        scratch.base = _scratch_like(arg.base)
+        return scratch
+    if not isinstance(arg, torch.Tensor):
+        return arg
+    span = 1 + sum((n - 1) * s for n, s in zip(arg.shape, arg.stride())) if arg.numel() else 0
+    make = torch.randn if arg.dtype.is_floating_point else torch.zeros
+    return make(span, dtype=arg.dtype, device=arg.device).as_strided(arg.shape, arg.stride())
 
 
 def _features(args: tuple) -> tuple | None:

@@ -24,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.interpreter_guard import span
-from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, NotTraceable, cdiv, into_graph
+from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv, into_graph, tuned_config
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_PRODUCT,
@@ -236,11 +236,11 @@ def _round_to_tf32(x):
 
 @triton.jit
 def tma_matmul_kernel(
-    a_desc, b_desc, c_desc, bias_ptr, M, N, K,
+    a_desc, b_desc, c_desc, bias_ptr, M, N, K, stride_a, stride_b, stride_c,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, A_M_MAJOR: tl.constexpr,
     B_K_MAJOR: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, DTYPE: tl.constexpr, DEVICE_DESCRIPTORS: tl.constexpr,
 ):  # fmt: skip
     """matmul_kernel rebuilt for Hopper GPUs: persistent, with tiles moved by the TMA engine.
 
@@ -257,7 +257,23 @@ def tma_matmul_kernel(
     so that loads for the next tile start while this one finishes: Hopper's compiler does
     not promise both at once. DTYPE is there for the autotuner's key only: descriptors do
     not show it their dtype, and fp32 tiles need twice the shared memory of fp16 ones.
+
+    With DEVICE_DESCRIPTORS the first three arguments are the matrices as the TMA unit
+    reads them, row-major with rows `stride_a`, `stride_b` and `stride_c` elements apart,
+    and each program builds the descriptors itself: so a compiled graph launches the
+    kernel, for torch.compile records no descriptor built on the host when it traces an
+    operator. On an H100 that cost 0 to 2.6 percent of the kernel's time.
     """
+    if DEVICE_DESCRIPTORS:
+        if A_M_MAJOR:
+            a_desc = tl.make_tensor_descriptor(a_desc, [K, M], [stride_a, 1], [BLOCK_K, BLOCK_M])
+        else:
+            a_desc = tl.make_tensor_descriptor(a_desc, [M, K], [stride_a, 1], [BLOCK_M, BLOCK_K])
+        if B_K_MAJOR:
+            b_desc = tl.make_tensor_descriptor(b_desc, [N, K], [stride_b, 1], [BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_desc, [K, N], [stride_b, 1], [BLOCK_K, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(c_desc, [M, N], [stride_c, 1], [BLOCK_M, BLOCK_N // 2])
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(
         tl.program_id(axis=0), num_tiles, NUM_SMS,
@@ -327,10 +343,6 @@ def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) ->
         return False  # a float64 product (lesson 07's gradcheck) takes linear_kernel
     if a.dtype == torch.float32 and not (tf32 and _column_major(b) and not _column_major(a)):
         return False
-    if into_graph():  # traced tensors have no address to check, and descriptors no record
-        raise NotTraceable(
-            "a product for tma_matmul_kernel, whose descriptors Inductor cannot take"
-        )
     return not any(_tma_rule_broken(t) for t in (_by_rows(a), _by_rows(b), c))
 
 
@@ -353,7 +365,10 @@ def _tma_rule_broken(t: torch.Tensor) -> str | None:
         return "its last axis must be contiguous (b: either axis)"
     if row_stride < t.shape[1] or row_stride * t.element_size() % 16 != 0:
         return "its rows must not overlap and must lie a multiple of 16 bytes apart"
-    if t.data_ptr() % 16 != 0:
+    # a traced tensor has no address: Inductor starts its buffers 16-byte aligned, and
+    # copies an input that is not when its graph was compiled for an aligned one
+    start = t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
+    if start % 16 != 0:
         return "it must start at a 16-byte aligned address"
     return None
 
@@ -409,7 +424,8 @@ def _tma_launch_for(
     a, b, c, activation: str, precision: str, config: dict | None, has_bias: bool = False
 ) -> Callable:
     """tma_matmul without its checks, for operands laid out like a, b and c: a function of
-    (a, b, c, bias=None) that builds the three descriptors and launches."""
+    (a, b, c, bias=None) that builds the three descriptors and launches; while tracing
+    into a graph, one that launches the kernel building them on the GPU."""
     a_m_major, b_k_major = _column_major(a), _column_major(b)
     (M, K), N = a.shape, c.shape[1]
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
@@ -418,8 +434,11 @@ def _tma_launch_for(
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
     )  # fmt: skip
     grid = lambda m: (min(num_sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
+    if into_graph():
+        return functools.partial(_launch_in_graph, grid=grid, config=config, meta=meta)
+    strides = (_by_rows(a).stride(0), _by_rows(b).stride(0), c.stride(0))  # rows apart
     launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
-    meta = meta if config is None else config | meta
+    meta = (meta if config is None else config | meta) | {"DEVICE_DESCRIPTORS": False}
 
     def launch(a, b, c, bias=None):
         descs = {
@@ -429,9 +448,27 @@ def _tma_launch_for(
         }
         if config is not None:  # the autotuner's pre_hook does this for each config it runs
             _set_block_shapes(descs | meta)
-        launcher(*descs.values(), c if bias is None else bias, M, N, K, **meta)
+        launcher(*descs.values(), c if bias is None else bias, M, N, K, *strides, **meta)
 
     return launch
+
+
+def _launch_in_graph(a, b, c, bias=None, *, grid, config: dict | None, meta: dict) -> None:
+    """tma_matmul_kernel recorded into torch.compile's graph, building its descriptors on
+    the GPU, with `config` or the one its autotuner chooses for these operands."""
+    (M, K), N = a.shape, c.shape[1]
+    bias = c if bias is None else bias
+    strides = (_by_rows(a).stride(0), _by_rows(b).stride(0), c.stride(0))
+    if config is None:
+        descs = (_descriptor(_by_rows(a)), _descriptor(_by_rows(b)), _descriptor(c))
+        args = (*descs, bias, M, N, K, *strides)
+        config = tuned_config(
+            tma_matmul_autotuned, grid, args, meta | {"DEVICE_DESCRIPTORS": False}
+        )
+    tma_launcher[grid(config)](
+        _by_rows(a), _by_rows(b), c, bias, M, N, K, *strides, **config, **meta,
+        DEVICE_DESCRIPTORS=True,
+    )  # fmt: skip
 
 
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
