@@ -427,12 +427,12 @@ def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
 def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     """A product for the Hopper TMA kernel enters the graph too: the kernel builds its
     descriptors on the GPU there, with the tile the autotuner chose, since torch records
-    no descriptor built on the host. A layer's forward with bias and GELU goes the same
-    way, forward and backward."""
+    no descriptor built on the host. So does a GELU layer's forward with its bias (taken
+    by the TMA kernel where no backward is to come), and its backward's products."""
     from course_lib.kernels import matmul_fast_paths as fast
 
-    if not fast.tma_available():
-        pytest.skip("no TMA kernel on this GPU")
+    if fast._capability(DEVICE.index or 0) not in fast.TMA_GPUS:
+        pytest.skip("matmul takes no TMA kernel on this GPU")
     # a 16-bit K-major b takes the TMA kernel from 256^3 on
     a = _rand(512, 384, dtype=torch.float16)
     b = _rand(640, 384, dtype=torch.float16, seed=1).t()
@@ -443,29 +443,91 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
     torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
 
-    # past TMA_MIN_PRODUCT, every product of a GELU layer, forward and backward
+    # past TMA_MIN_PRODUCT
     x = _rand(2048, 2048, dtype=torch.bfloat16).requires_grad_()
     weight = (_rand(2048, 2048, dtype=torch.bfloat16, seed=1) / 45).requires_grad_()
-    bias, grad_y = (
-        _rand(2048, dtype=torch.bfloat16, seed=2).requires_grad_(),
-        _rand(2048, 2048, dtype=torch.bfloat16, seed=3),
-    )
+    bias = _rand(2048, dtype=torch.bfloat16, seed=2).requires_grad_()
+    grad_y = _rand(2048, 2048, dtype=torch.bfloat16, seed=3)
     layer = torch.compile(ops.linear, fullgraph=True)
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias))
+    with torch.no_grad():
+        code = _generated_code(lambda *a: layer(*a, activation="gelu"), x, weight, bias)
+        assert "torch.ops.course" not in code and "'HAS_BIAS': True" in code
+        assert "tma_matmul_kernel" in code and "'ACTIVATION': 'gelu'" in code
+        got = layer(x, weight, bias, activation="gelu")
+    assert (got - want).float().norm() <= 1e-2 * want.float().norm()
+
+    # with a backward to come, the forward saves its pre-activation from linear_kernel;
+    # the backward's two products go to the TMA kernel
     step = lambda *a: torch.autograd.grad(layer(*a, activation="gelu"), a, grad_y)
     code = _generated_code(step, x, weight, bias)
     assert "torch.ops.course" not in code and "tma_matmul_kernel" in code
-    want = torch.autograd.grad(
-        torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias)), (x, weight, bias),
-        grad_y,
-    )  # fmt: skip
-    for got, expected in zip(step(x, weight, bias), want):
+    for got, expected in zip(
+        step(x, weight, bias), torch.autograd.grad(want, (x, weight, bias), grad_y)
+    ):
         assert (got - expected).float().norm() <= 1e-2 * expected.float().norm()
+
+
+def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_ones_do():
+    """The launch a compiled graph makes, run directly: each layout of A and B, a bias and
+    GELU, C with padded rows, bit for bit the product with host descriptors. Where a
+    graph runs without Inductor, a misaligned operand stops with an error."""
+    from course_lib.kernels import matmul_fast_paths as fast
+
+    if runtime.MODE == "gpu" and fast._capability(DEVICE.index or 0) not in fast.TMA_GPUS:
+        pytest.skip("no TMA kernel on this GPU")
+    dtype, (M, K, N) = torch.float16, (40, 64, 48)
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "WARP_SPECIALIZE": False}
+    grid = lambda m: (min(4, -(-M // m["BLOCK_M"]) * -(-N // m["BLOCK_N"])),)
+    bias = _rand(N, dtype=dtype, seed=2)
+
+    def in_graph(a, b, c, a_m_major, b_k_major):
+        meta = dict(
+            NUM_SMS=4, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=True,
+            ACTIVATION="gelu", INPUT_PRECISION="ieee", DTYPE=str(dtype),
+        )  # fmt: skip
+        fast._launch_in_graph(a, b, c, bias, grid=grid, config=config, meta=meta)
+
+    for a_m_major, b_k_major in [(False, False), (True, False), (False, True), (True, True)]:
+        a = _rand(K, M, dtype=dtype).t() if a_m_major else _rand(M, K, dtype=dtype)
+        b = _rand(N, K, dtype=dtype, seed=1).t() if b_k_major else _rand(K, N, dtype=dtype, seed=1)
+        want = torch.empty(M, N, dtype=dtype, device=DEVICE)
+        got = torch.empty(M, N + 8, dtype=dtype, device=DEVICE)[:, :N]
+        fast.tma_matmul(a, b, want, "gelu", config=config, bias=bias)
+        in_graph(a, b, got, a_m_major, b_k_major)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    misaligned = _rand(M * K + 1, dtype=dtype)[1:].view(M, K)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        in_graph(misaligned, _rand(K, N, dtype=dtype), got, False, False)
+
+
+def test_the_autotuner_times_a_traced_launch_on_scratch_of_the_same_layout():
+    """What tuned_config hands the autotuner: real tensors with the traced ones' sizes,
+    strides and dtypes (a transposed view, an empty one), a descriptor over such a
+    tensor, and every other argument as it is."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from course_lib.kernels._launch import _scratch_like
+
+    x = _rand(8, 24, dtype=torch.float16)[:, :20].t()
+    for t in (x, x[:0]):
+        scratch = _scratch_like(t)
+        assert (scratch.shape, scratch.stride(), scratch.dtype) == (t.shape, t.stride(), t.dtype)
+        assert scratch.data_ptr() != t.data_ptr() or t.numel() == 0
+    desc = TensorDescriptor.from_tensor(_rand(16, 16), [16, 16])
+    scratch = _scratch_like(desc)
+    assert scratch.base is not desc.base and scratch.base.shape == desc.base.shape
+    assert (scratch.block_shape, list(scratch.strides)) == (desc.block_shape, list(desc.strides))
+    assert _scratch_like(7) == 7
 
 
 def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
     """Host-side TMA descriptors, and autotuned kernels at symbolic sizes, are not
     recorded into a graph: the operator that launches them stays whole (NotTraceable).
     Traced operands are checked against the TMA unit's rules by their offsets."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -481,6 +543,14 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
             fast.tma_launcher[(1,)](TensorDescriptor.from_tensor(c, [16, 16]))
         # no route is kept for traced tensors, which have no address to key it by
         assert fast._layout(c, c, None) is None
-        assert fast._tma_rule_broken(c) is None
-        assert "aligned" in fast._tma_rule_broken(c.view(-1)[1:-15].view(15, 16))
     assert fast._layout(c, c, None) is not None
+
+    # a traced tensor has no address (data_ptr raises): its start is checked by its offset
+    with FakeTensorMode() as fake_mode:
+        fake = fake_mode.from_tensor(c)
+        with FunctionalTensorMode():
+            traced = FunctionalTensor.to_functional(fake)
+            with launching_into_graph():
+                assert fast._tma_rule_broken(traced) is None
+                offset = traced.view(-1)[1:-15].view(15, 16)
+                assert "aligned" in fast._tma_rule_broken(offset)

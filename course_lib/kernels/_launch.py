@@ -14,14 +14,17 @@ This reaches into Triton's internals: `CompiledKernel.run`'s calling convention 
 stream, function, packed metadata, launch metadata, the two launch hooks, then every
 parameter in order, constexprs included) and the hook chains in `triton.knobs`. Written
 for triton 3.6 and 3.9; where those differ, or in the interpreter, or while a profiler
-has hooked the launches, every call goes through `kernel[grid]` as usual.
+has hooked the launches, every call goes through `kernel[grid]` as usual. Recording
+launches into torch.compile's graph (`launching_into_graph`, `tuned_config`) also uses
+torch's private `_disable_current_modes` and the autotuner's `best_config`: written for
+torch 2.11 and 2.13.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -285,7 +288,7 @@ class LeanLauncher:
         )  # fmt: skip
 
 
-def tuned_config(kernel: Autotuner, grid, args: tuple, meta: dict) -> dict:
+def tuned_config(kernel: Autotuner, grid: Callable[[dict], tuple], args: tuple, meta: dict) -> dict:
     """The config, as kwargs, that `kernel`'s autotuner chooses for a launch with these
     arguments, traced by torch.compile, for the graph to launch the plain kernel with.
 
@@ -297,9 +300,14 @@ def tuned_config(kernel: Autotuner, grid, args: tuple, meta: dict) -> dict:
     its cache on disk and reuse in a later process."""
     if not all(_static(a) for a in args):
         raise NotTraceable(f"{kernel.fn.__name__} is autotuned, and these sizes are symbolic")
-    with _disable_current_modes():  # real tensors, outside the tracing
-        kernel[grid](*(_scratch_like(a) for a in args), **meta)
+    try:
+        with _disable_current_modes():  # real tensors, outside the tracing
+            kernel[grid](*(_scratch_like(a) for a in args), **meta)
+    except torch.OutOfMemoryError as err:  # no room for the scratch copies: stay whole
+        raise NotTraceable(f"no memory to tune {kernel.fn.__name__} while compiling") from err
     chosen = kernel.best_config
+    if chosen.num_ctas != 1 or chosen.maxnreg is not None:
+        raise NotTraceable(f"{kernel.fn.__name__}'s config sets options the graph would drop")
     return {**chosen.kwargs, "num_warps": chosen.num_warps, "num_stages": chosen.num_stages}
 
 

@@ -234,7 +234,9 @@ def _round_to_tf32(x):
     return rounded
 
 
-@triton.jit
+# the row strides serve only descriptors built on the GPU: not specialised, they cost eager
+# launches, which never read them, no second compilation
+@triton.jit(do_not_specialize=["stride_a", "stride_b", "stride_c"])
 def tma_matmul_kernel(
     a_desc, b_desc, c_desc, bias_ptr, M, N, K, stride_a, stride_b, stride_c,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -259,10 +261,11 @@ def tma_matmul_kernel(
     not show it their dtype, and fp32 tiles need twice the shared memory of fp16 ones.
 
     With DEVICE_DESCRIPTORS the first three arguments are the matrices as the TMA unit
-    reads them, row-major with rows `stride_a`, `stride_b` and `stride_c` elements apart,
-    and each program builds the descriptors itself: so a compiled graph launches the
-    kernel, for torch.compile records no descriptor built on the host when it traces an
-    operator. On an H100 that cost 0 to 2.6 percent of the kernel's time.
+    reads them, row-major with rows `stride_a`, `stride_b` and `stride_c` elements apart
+    (without it the strides are unused), and each program builds the descriptors itself:
+    so a compiled graph launches the kernel, for torch.compile records no descriptor built
+    on the host when it traces an operator. On an H100 that cost 0 to 2.6 percent of the
+    kernel's time.
     """
     if DEVICE_DESCRIPTORS:
         if A_M_MAJOR:
@@ -328,6 +331,33 @@ tma_matmul_autotuned = triton.autotune(
 b_first_launcher = LeanLauncher(tf32_b_first_kernel)
 b_first_autotuned_launcher = LeanLauncher(tf32_b_first_autotuned)
 tma_launcher = LeanLauncher(tma_matmul_kernel)
+
+
+def _before_device_descriptors(*args, **kwargs) -> None:
+    """Run by Triton before a launch of tma_matmul_kernel through its own launcher: in a
+    graph compiled by another backend than Inductor (aot_eager, say), which launches the
+    recorded kernel that way. Descriptors built on the GPU need memory from an allocator
+    set in the launching thread (Inductor sets its own), and a start address that is a
+    multiple of 16 bytes, which only Inductor guarantees, by copying a misaligned input:
+    here a misaligned matrix stops with an error instead of faulting on the GPU."""
+    if not kwargs.get("DEVICE_DESCRIPTORS"):
+        return
+    named = dict(zip(tma_matmul_kernel.arg_names, args)) | kwargs
+    for name in ("a_desc", "b_desc", "c_desc"):
+        if named[name].data_ptr() % 16 != 0:
+            raise ValueError(
+                f"matmul: an operand ({name[0]}) of this compiled product does not start at a "
+                "16-byte aligned address, as the graph was compiled for: call it with "
+                ".clone() of that operand, or compile with the default backend (inductor)"
+            )
+    triton.set_allocator(_scratch_memory)
+
+
+def _scratch_memory(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device=runtime.DEVICE)
+
+
+tma_matmul_kernel.add_pre_run_hook(_before_device_descriptors)
 tma_autotuned_launcher = LeanLauncher(tma_matmul_autotuned)
 
 
@@ -436,7 +466,8 @@ def _tma_launch_for(
     grid = lambda m: (min(num_sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
     if into_graph():
         return functools.partial(_launch_in_graph, grid=grid, config=config, meta=meta)
-    strides = (_by_rows(a).stride(0), _by_rows(b).stride(0), c.stride(0))  # rows apart
+    # how far apart the rows are, as the TMA unit reads each matrix
+    strides = (a.stride(1 if a_m_major else 0), b.stride(1 if b_k_major else 0), c.stride(0))
     launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
     meta = (meta if config is None else config | meta) | {"DEVICE_DESCRIPTORS": False}
 
