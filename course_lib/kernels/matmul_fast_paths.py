@@ -331,6 +331,7 @@ tma_matmul_autotuned = triton.autotune(
 b_first_launcher = LeanLauncher(tf32_b_first_kernel)
 b_first_autotuned_launcher = LeanLauncher(tf32_b_first_autotuned)
 tma_launcher = LeanLauncher(tma_matmul_kernel)
+tma_autotuned_launcher = LeanLauncher(tma_matmul_autotuned)
 
 
 def _before_device_descriptors(*args, **kwargs) -> None:
@@ -347,8 +348,8 @@ def _before_device_descriptors(*args, **kwargs) -> None:
         if named[name].data_ptr() % 16 != 0:
             raise ValueError(
                 f"matmul: an operand ({name[0]}) of this compiled product does not start at a "
-                "16-byte aligned address, as the graph was compiled for: call it with "
-                ".clone() of that operand, or compile with the default backend (inductor)"
+                "16-byte aligned address, which the graph was compiled for: pass a .clone() "
+                "of that operand, or compile with the default backend, inductor"
             )
     triton.set_allocator(_scratch_memory)
 
@@ -358,7 +359,6 @@ def _scratch_memory(size: int, alignment: int, stream: int | None) -> torch.Tens
 
 
 tma_matmul_kernel.add_pre_run_hook(_before_device_descriptors)
-tma_autotuned_launcher = LeanLauncher(tma_matmul_autotuned)
 
 
 def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
