@@ -402,6 +402,17 @@ def test_inductor_launches_the_operators_plain_kernels_itself():
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
 
 
+def _assert_launched_with_the_autotuners_tile(a, b, kernel_name, autotuned):
+    """A compiled a @ b launches `kernel_name` from Inductor's code, with the tile that
+    `autotuned` chose and no call of the operator left, and gets the product right."""
+    compiled = torch.compile(ops.matmul, fullgraph=True)
+    code = _generated_code(compiled, a, b)
+    assert "torch.ops.course" not in code and kernel_name in code
+    chosen = autotuned.best_config
+    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
+    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.gpu
 def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
     """Past SMALL_PRODUCT matmul's kernel is autotuned: the graph takes it with the config
@@ -411,12 +422,9 @@ def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
     from course_lib.kernels import matmul as lesson05
 
     a, b = _rand(512, 384, dtype=torch.float16), _rand(384, 640, dtype=torch.float16, seed=1)
-    compiled = torch.compile(ops.matmul, fullgraph=True)
-    code = _generated_code(compiled, a, b)
-    assert "torch.ops.course" not in code and "matmul_kernel" in code
-    chosen = lesson05.matmul_kernel_autotuned.best_config
-    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
-    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+    _assert_launched_with_the_autotuners_tile(
+        a, b, "matmul_kernel", lesson05.matmul_kernel_autotuned
+    )
 
     dynamic = torch.compile(ops.matmul, fullgraph=True, dynamic=True)
     assert "torch.ops.course.matmul" in _generated_code(dynamic, a, b)
@@ -436,12 +444,7 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     # a 16-bit K-major b takes the TMA kernel from 256^3 on
     a = _rand(512, 384, dtype=torch.float16)
     b = _rand(640, 384, dtype=torch.float16, seed=1).t()
-    compiled = torch.compile(ops.matmul, fullgraph=True)
-    code = _generated_code(compiled, a, b)
-    assert "torch.ops.course" not in code and "tma_matmul_kernel" in code
-    chosen = fast.tma_matmul_autotuned.best_config
-    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
-    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
+    _assert_launched_with_the_autotuners_tile(a, b, "tma_matmul_kernel", fast.tma_matmul_autotuned)
 
     # past TMA_MIN_PRODUCT
     x = _rand(2048, 2048, dtype=torch.bfloat16).requires_grad_()
@@ -486,7 +489,10 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
             NUM_SMS=4, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=True,
             ACTIVATION="gelu", INPUT_PRECISION="ieee", DTYPE=str(dtype),
         )  # fmt: skip
-        fast._launch_in_graph(a, b, c, bias, grid=grid, config=config, meta=meta)
+        strides = (fast._by_rows(a).stride(0), fast._by_rows(b).stride(0), c.stride(0))
+        fast._launch_in_graph(
+            a, b, c, bias, grid=grid, config=config, meta=meta, strides=strides
+        )  # fmt: skip
 
     for a_m_major, b_k_major in [(False, False), (True, False), (False, True), (True, True)]:
         a = _rand(K, M, dtype=dtype).t() if a_m_major else _rand(M, K, dtype=dtype)
@@ -498,7 +504,7 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
     misaligned = _rand(M * K + 1, dtype=dtype)[1:].view(M, K)
-    with pytest.raises(ValueError, match="16-byte aligned"):
+    with pytest.raises(ValueError, match="16-byte aligned address"):
         in_graph(misaligned, _rand(K, N, dtype=dtype), got, False, False)
 
 

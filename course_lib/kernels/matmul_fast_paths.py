@@ -345,11 +345,11 @@ def _before_device_descriptors(*args, **kwargs) -> None:
         return
     named = dict(zip(tma_matmul_kernel.arg_names, args)) | kwargs
     for name in ("a_desc", "b_desc", "c_desc"):
-        if named[name].data_ptr() % 16 != 0:
+        if rule := _tma_rule_broken(named[name]):
             raise ValueError(
-                f"matmul: an operand ({name[0]}) of this compiled product does not start at a "
-                "16-byte aligned address, which the graph was compiled for: pass a .clone() "
-                "of that operand, or compile with the default backend, inductor"
+                f"matmul: an operand ({name[0]}) of this compiled product breaks a rule of the "
+                f"TMA unit that the graph was compiled for: {rule}; pass a .clone() of that "
+                "operand, or compile with the default backend, inductor"
             )
     triton.set_allocator(_scratch_memory)
 
@@ -464,10 +464,12 @@ def _tma_launch_for(
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
     )  # fmt: skip
     grid = lambda m: (min(num_sms, cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"])),)
-    if into_graph():
-        return functools.partial(_launch_in_graph, grid=grid, config=config, meta=meta)
     # how far apart the rows are, as the TMA unit reads each matrix
     strides = (a.stride(1 if a_m_major else 0), b.stride(1 if b_k_major else 0), c.stride(0))
+    if into_graph():
+        return functools.partial(
+            _launch_in_graph, grid=grid, config=config, meta=meta, strides=strides
+        )
     launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
     meta = (meta if config is None else config | meta) | {"DEVICE_DESCRIPTORS": False}
 
@@ -484,22 +486,23 @@ def _tma_launch_for(
     return launch
 
 
-def _launch_in_graph(a, b, c, bias=None, *, grid, config: dict | None, meta: dict) -> None:
+def _launch_in_graph(
+    a, b, c, bias=None, *, grid, config: dict | None, meta: dict, strides: tuple
+) -> None:
     """tma_matmul_kernel recorded into torch.compile's graph, building its descriptors on
     the GPU, with `config` or the one its autotuner chooses for these operands."""
     (M, K), N = a.shape, c.shape[1]
+    a_rows, b_rows = _by_rows(a), _by_rows(b)
     bias = c if bias is None else bias
-    strides = (_by_rows(a).stride(0), _by_rows(b).stride(0), c.stride(0))
     if config is None:
-        descs = (_descriptor(_by_rows(a)), _descriptor(_by_rows(b)), _descriptor(c))
+        descs = (_descriptor(a_rows), _descriptor(b_rows), _descriptor(c))
         args = (*descs, bias, M, N, K, *strides)
         config = tuned_config(
             tma_matmul_autotuned, grid, args, meta | {"DEVICE_DESCRIPTORS": False}
         )
     tma_launcher[grid(config)](
-        _by_rows(a), _by_rows(b), c, bias, M, N, K, *strides, **config, **meta,
-        DEVICE_DESCRIPTORS=True,
-    )  # fmt: skip
+        a_rows, b_rows, c, bias, M, N, K, *strides, **config, **meta, DEVICE_DESCRIPTORS=True
+    )
 
 
 def _descriptor(t: torch.Tensor) -> TensorDescriptor:
