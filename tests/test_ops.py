@@ -465,10 +465,16 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     step = lambda *a: torch.autograd.grad(layer(*a, activation="gelu"), a, grad_y)
     code = _generated_code(step, x, weight, bias)
     assert "torch.ops.course" not in code and "tma_matmul_kernel" in code
-    for got, expected in zip(
-        step(x, weight, bias), torch.autograd.grad(want, (x, weight, bias), grad_y)
-    ):
-        assert (got - expected).float().norm() <= 1e-2 * expected.float().norm()
+    expected = torch.autograd.grad(want, (x, weight, bias), grad_y)
+    for got, expected_grad in zip(step(x, weight, bias), expected):
+        assert (got - expected_grad).float().norm() <= 1e-2 * expected_grad.float().norm()
+
+    # another backend launches the recorded kernels through Triton, the backward's from
+    # autograd's own thread, where the kernel's pre-run hook sets the allocator
+    torch._dynamo.reset()
+    layer = torch.compile(ops.linear, fullgraph=True, backend="aot_eager")
+    for got, expected_grad in zip(step(x, weight, bias), expected):
+        assert (got - expected_grad).float().norm() <= 1e-2 * expected_grad.float().norm()
 
 
 def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_ones_do():
@@ -506,6 +512,16 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
     misaligned = _rand(M * K + 1, dtype=dtype)[1:].view(M, K)
     with pytest.raises(ValueError, match="16-byte aligned address"):
         in_graph(misaligned, _rand(K, N, dtype=dtype), got, False, False)
+    # a graph run by another backend than Inductor launches the kernel with every argument
+    # it can by position, constexprs included: the pre-run hook reads them there too
+    named = config | dict(
+        a_desc=misaligned, b_desc=_rand(K, N, dtype=dtype), c_desc=got, bias_ptr=bias,
+        M=M, N=N, K=K, stride_a=K, stride_b=N, stride_c=got.stride(0), NUM_SMS=4,
+        A_M_MAJOR=False, B_K_MAJOR=False, HAS_BIAS=True, ACTIVATION="gelu",
+        INPUT_PRECISION="ieee", DTYPE=str(dtype), DEVICE_DESCRIPTORS=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="16-byte aligned address"):
+        fast._before_device_descriptors(*(named[n] for n in fast.tma_matmul_kernel.arg_names))
 
 
 def test_the_autotuner_times_a_traced_launch_on_scratch_of_the_same_layout():

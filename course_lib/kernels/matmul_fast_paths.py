@@ -340,10 +340,11 @@ def _before_device_descriptors(*args, **kwargs) -> None:
     recorded kernel that way. Descriptors built on the GPU need memory from an allocator
     set in the launching thread (Inductor sets its own), and a start address that is a
     multiple of 16 bytes, which only Inductor guarantees, by copying a misaligned input:
-    here a misaligned matrix stops with an error instead of faulting on the GPU."""
-    if not kwargs.get("DEVICE_DESCRIPTORS"):
-        return
+    here a misaligned matrix stops with an error instead of faulting on the GPU. torch
+    passes every argument it can by position, constexprs included."""
     named = dict(zip(tma_matmul_kernel.arg_names, args)) | kwargs
+    if not named.get("DEVICE_DESCRIPTORS"):
+        return
     for name in ("a_desc", "b_desc", "c_desc"):
         if rule := _tma_rule_broken(named[name]):
             raise ValueError(
