@@ -122,6 +122,32 @@ def test_small_sweep_on_gpu(tmp_path):
 
 
 @pytest.mark.gpu
+def test_a_sweep_times_the_host_cost_of_the_baselines_it_is_asked_for():
+    """The first baseline's host cost per call is always measured; another's where named
+    (torch's own op compiled, say, which bounds a compiled kernel's host cost)."""
+    import time
+
+    from course_lib.bench.sweep import run_sweep
+    from course_lib.kernels import vector_add
+
+    def slow_torch(x):
+        time.sleep(1e-3)
+        return x + x
+
+    sweep = run_sweep(
+        bench.Sweep("add", torch.float32, 1.0),
+        lambda x: vector_add.add(x, x),
+        {"torch": lambda x: x + x, "slow torch": slow_torch, "clone": torch.clone},
+        [1 << 16], lambda n: [torch.randn(n, device=runtime.DEVICE)],
+        lambda n, ms: n / ms, rounds=1, host_baselines=["slow torch"],
+    )  # fmt: skip
+    assert list(sweep.launch_us) == ["kernel", "bare", "torch", "slow torch"]
+    (row,) = sweep.rows()
+    assert row["slow torch launch us"] > 1000 > row["torch launch us"]
+    assert "launch µs, kernel / bare / torch / slow torch" in sweep.table()
+
+
+@pytest.mark.gpu
 def test_small_flops_sweep_on_gpu():
     from course_lib.kernels import matmul
 

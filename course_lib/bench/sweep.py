@@ -160,6 +160,7 @@ def run_sweep(
     make_inputs: Callable[[Point], Sequence[torch.Tensor]],
     throughput: Callable[[Point, float], float],
     rounds: int = 5,
+    host_baselines: Sequence[str] = (),
 ) -> Sweep:
     """Time `kernel` and each baseline at every point; fill `sweep` with throughputs.
 
@@ -168,9 +169,10 @@ def run_sweep(
     state between rounds then touches every side alike. Small sizes need it: a few
     microseconds per run swing by 10% from one median to the next. The times are GPU
     times. Then each side once more by `do_bench_ms`, which counts the host's launch
-    cost in; and the host's cost per call of the kernel, of its bare launches and of
-    torch, interleaved in rounds too. do_bench of the bare launches alone says how much of
-    a do_bench figure is the launch that Triton itself makes.
+    cost in; and the host's cost per call of the kernel, of its bare launches, of the
+    first baseline and of those named in `host_baselines`, interleaved in rounds too.
+    do_bench of the bare launches alone says how much of a do_bench figure is the launch
+    that Triton itself makes.
     """
     if runtime.INTERPRETED:
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
@@ -180,7 +182,7 @@ def run_sweep(
     fns = {"kernel": kernel, **baselines}
     sweep.baselines = {name: [] for name in baselines}
     sweep.do_bench = {name: [] for name in fns}
-    sweep.launch_us = {"kernel": [], "bare": [], reference_name: []}
+    sweep.launch_us = {name: [] for name in ("kernel", "bare", reference_name, *host_baselines)}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
         # a timing of a wrong kernel is worthless: compare once, by relative norm, which
@@ -199,7 +201,7 @@ def run_sweep(
         hosts = {"kernel": calls["kernel"], "bare": bare_launches(calls["kernel"])}
         bare = hosts["bare"]
         sweep.do_bench.setdefault("bare", []).append(do_bench_ms(bare) if bare else math.nan)
-        hosts[reference_name] = calls[reference_name]
+        hosts |= {name: calls[name] for name in (reference_name, *host_baselines)}
         host_us: dict[str, list[float]] = {name: [] for name in hosts}
         for _ in range(rounds):
             for name, call in hosts.items():
