@@ -38,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         f"warm-up, L2 flushed before each run and the host's launch cost kept out "
         f"(bench.median_ms). The do_bench columns time the same calls with "
         f"triton.testing.do_bench (default arguments, median), which counts the launch cost "
-        f"in wherever the host is slower than the GPU. The host microseconds per call are in "
-        f"the last column: the kernel's launcher, the same kernel launches made bare "
-        f"(kernel[grid](...) with the same arguments), and torch. "
+        f"in wherever the host is slower than the GPU (the flush between calls hides part of "
+        f"it, so near that point its figures jump between runs). The host microseconds per "
+        f"call are in the last column: the kernel's launcher, the same kernel launches made "
+        f"bare (kernel[grid](...) with the same arguments), and the baselines it names. "
         f"Ceiling: device copy bandwidth, {ceiling:,.0f} GB/s, measured in this run.\n"
     ]
     report = args.out / "report.md"
