@@ -121,6 +121,16 @@ def test_small_sweep_on_gpu(tmp_path):
     assert all(0 < r[f"{name} launch us"] < 1000 for r in sweep.rows() for name in sweep.launch_us)
 
 
+def test_a_sweep_refuses_host_baselines_it_does_not_time():
+    from course_lib.bench.sweep import run_sweep
+
+    with pytest.raises(ValueError, match=r"no baseline of this sweep: \['torch, compiled'\]"):
+        run_sweep(
+            bench.Sweep("add", torch.float32, 1.0), torch.add, {"torch": torch.add},
+            [16], lambda n: [], lambda n, ms: n, host_baselines=["torch, compiled"],
+        )  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_a_sweep_times_the_host_cost_of_the_baselines_it_is_asked_for():
     """The first baseline's host cost per call is always measured; another's where named

@@ -62,8 +62,8 @@ class Sweep:
     baselines: dict[str, list[float]] = field(default_factory=dict)
     # the same, timed by triton.testing.do_bench (launch cost included), where measured
     do_bench: dict[str, list[float]] = field(default_factory=dict)
-    # host microseconds per call of the kernel's launcher, of its bare launches and of
-    # torch, where measured
+    # host microseconds per call of the kernel's launcher, of its bare launches, of the
+    # first baseline and of any other named in run_sweep's host_baselines, where measured
     launch_us: dict[str, list[float]] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
 
@@ -174,6 +174,8 @@ def run_sweep(
     do_bench of the bare launches alone says how much of a do_bench figure is the launch
     that Triton itself makes.
     """
+    if unknown := set(host_baselines) - set(baselines):
+        raise ValueError(f"host_baselines names no baseline of this sweep: {sorted(unknown)}")
     if runtime.INTERPRETED:
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
     from tqdm.auto import tqdm
