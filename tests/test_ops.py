@@ -489,15 +489,16 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
     config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "WARP_SPECIALIZE": False}
     grid = lambda m: (min(4, -(-M // m["BLOCK_M"]) * -(-N // m["BLOCK_N"])),)
     bias = _rand(N, dtype=dtype, seed=2)
+    meta = lambda a_m_major, b_k_major: dict(
+        NUM_SMS=4, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=True,
+        ACTIVATION="gelu", INPUT_PRECISION="ieee", DTYPE=str(dtype),
+    )  # fmt: skip
 
     def in_graph(a, b, c, a_m_major, b_k_major):
-        meta = dict(
-            NUM_SMS=4, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=True,
-            ACTIVATION="gelu", INPUT_PRECISION="ieee", DTYPE=str(dtype),
-        )  # fmt: skip
         strides = (fast._by_rows(a).stride(0), fast._by_rows(b).stride(0), c.stride(0))
         fast._launch_in_graph(
-            a, b, c, bias, grid=grid, config=config, meta=meta, strides=strides
+            a, b, c, bias, grid=grid, config=config, meta=meta(a_m_major, b_k_major),
+            strides=strides,
         )  # fmt: skip
 
     for a_m_major, b_k_major in [(False, False), (True, False), (False, True), (True, True)]:
@@ -514,11 +515,9 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
         in_graph(misaligned, _rand(K, N, dtype=dtype), got, False, False)
     # a graph run by another backend than Inductor launches the kernel with every argument
     # it can by position, constexprs included: the pre-run hook reads them there too
-    named = config | dict(
+    named = config | meta(False, False) | dict(
         a_desc=misaligned, b_desc=_rand(K, N, dtype=dtype), c_desc=got, bias_ptr=bias,
-        M=M, N=N, K=K, stride_a=K, stride_b=N, stride_c=got.stride(0), NUM_SMS=4,
-        A_M_MAJOR=False, B_K_MAJOR=False, HAS_BIAS=True, ACTIVATION="gelu",
-        INPUT_PRECISION="ieee", DTYPE=str(dtype), DEVICE_DESCRIPTORS=True,
+        M=M, N=N, K=K, stride_a=K, stride_b=N, stride_c=got.stride(0), DEVICE_DESCRIPTORS=True,
     )  # fmt: skip
     with pytest.raises(ValueError, match="16-byte aligned address"):
         fast._before_device_descriptors(*(named[n] for n in fast.tma_matmul_kernel.arg_names))
