@@ -609,6 +609,116 @@ def test_conv2d_takes_a_bias_of_any_strides():
         assert _conv_error(got, x, weight, bias, 1, 1, 1) < 1e-5
 
 
+# --- lesson 06 on Hopper: the TMA kernel ------------------------------------------------
+
+from course_lib.kernels import conv2d_tma  # noqa: E402
+from course_lib.kernels._launch import recording_launches  # noqa: E402
+
+TMA_CONV = fast.tma_available() and (runtime.INTERPRETED or fast._capability(DEVICE) >= (9, 0))
+TMA_CONV_SHAPES = [
+    # B, C, H, W, O, kh, kw, padding (top, left, bottom, right), dilation
+    pytest.param(2, 16, 7, 6, 24, 3, 3, (1, 1, 1, 1), 1, id="odd-3x3-p1"),
+    pytest.param(1, 24, 9, 5, 8, 3, 3, (2, 2, 2, 2), 2, id="dilation2"),
+    pytest.param(1, 16, 5, 5, 16, 1, 1, (0, 0, 0, 0), 1, id="1x1"),
+    pytest.param(2, 32, 6, 7, 8, 5, 5, (2, 1, 2, 1), 1, id="5x5-p2x1"),
+    pytest.param(1, 8, 6, 9, 40, 2, 4, (0, 1, 1, 2), 1, id="same-even-kernel"),
+    pytest.param(3, 48, 1, 13, 16, 1, 3, (0, 0, 0, 0), 1, id="one-row-valid"),
+]
+
+
+@pytest.mark.skipif(not TMA_CONV, reason="needs the interpreter or a GPU with a TMA unit")
+@pytest.mark.parametrize(("B", "C", "H", "W", "O", "kh", "kw", "padding", "dilation"),
+                         TMA_CONV_SHAPES)  # fmt: skip
+@pytest.mark.parametrize(("x_format", "w_format", "out_format"), [
+    pytest.param(torch.channels_last, torch.channels_last, torch.channels_last, id="cl"),
+    pytest.param(torch.contiguous_format, torch.contiguous_format, torch.contiguous_format,
+                 id="nchw"),
+    pytest.param(torch.channels_last, torch.contiguous_format, torch.contiguous_format,
+                 id="mixed"),
+])  # fmt: skip
+def test_tma_conv2d_matches_float64(B, C, H, W, O, kh, kw, padding, dilation, x_format,
+                                    w_format, out_format):  # fmt: skip
+    # the boxes past the image's edges are the padding: the TMA unit fills them with zeros
+    x = torch.randn(B, C, H, W, device=DEVICE).half().contiguous(memory_format=x_format)
+    weight = torch.randn(O, C, kh, kw, device=DEVICE).half().contiguous(memory_format=w_format)
+    bias = torch.randn(O, device=DEVICE).half()
+    top, left, bottom, right = padding
+    OH = H + top + bottom - dilation * (kh - 1)
+    OW = W + left + right - dilation * (kw - 1)
+    out = torch.empty(B, O, OH, OW, device=DEVICE).half().contiguous(memory_format=out_format)
+    config = conv2d_tma.INTERPRETER_CONFIG if runtime.INTERPRETED else None
+    conv2d_tma.tma_conv2d(x, weight, bias, out, (top, left), (dilation, dilation), config)
+    padded = torch.nn.functional.pad(x.double(), (left, right, top, bottom))
+    exact = torch.nn.functional.conv2d(padded, weight.double(), bias.double(), 1, 0, dilation)
+    assert out.shape == exact.shape
+    error = (out.double() - exact).abs().max() / exact.abs().max()
+    assert error < 2e-3, f"relative error {error:.1e}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "view"),
+    [
+        pytest.param((2, 24, 7, 9), lambda t: t, id="nchw-odd"),
+        pytest.param((1, 3, 1, 1), lambda t: t, id="one-pixel"),
+        pytest.param((3, 72, 13, 11), lambda t: t, id="multi-tile"),
+        pytest.param((2, 16, 1, 70), lambda t: t, id="one-row"),
+        pytest.param((2, 16, 70, 1), lambda t: t, id="one-column"),
+        pytest.param((2, 40, 9, 10), lambda t: t[:, ::2], id="every-other-channel"),
+        pytest.param((2, 8, 9, 10), lambda t: t[:, :, :, 1:-2], id="rows-apart"),
+        pytest.param((2, 8, 9, 10), lambda t: t.transpose(2, 3), id="hw-transposed"),
+    ],
+)  # fmt: skip
+def test_channels_last_copies_any_layout(shape, view):
+    x = view(torch.randn(shape, device=DEVICE).half())
+    got = conv2d_tma.channels_last(x)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, x)
+    # pixels that are one axis go through the course's kernel; other views through torch
+    with recording_launches() as launches:
+        conv2d_tma.channels_last(x)
+    pixels_one_axis = x.shape[2] == 1 or x.shape[3] == 1 or x.stride(2) == x.shape[3] * x.stride(3)
+    assert len(launches) == pixels_one_axis
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
+def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypatch):
+    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+        pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
+    f16 = dict(device=DEVICE, dtype=torch.float16)
+    cl = torch.channels_last
+    nchw = (torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16))
+    cases = [  # x, weight, stride, bias, which kernel
+        (torch.randn(4, 64, 28, 28, **f16).to(memory_format=cl),
+         torch.randn(64, 64, 3, 3, **f16).to(memory_format=cl), 1, True, "tma"),
+        # NCHW below NCHW_TMA_PRODUCT: read in place, with no copies
+        (*nchw, 1, False, "lesson"),
+        # stride 2, or fp32: the lesson's kernel
+        (torch.randn(4, 64, 28, 28, **f16).to(memory_format=cl),
+         torch.randn(64, 64, 3, 3, **f16).to(memory_format=cl), 2, False, "lesson"),
+        (torch.randn(4, 64, 28, 28, device=DEVICE).to(memory_format=cl),
+         torch.randn(64, 64, 3, 3, device=DEVICE), 1, False, "lesson"),
+    ]  # fmt: skip
+    kernels = {"tma": conv2d_tma.tma_conv2d_kernel, "lesson": conv2d.conv2d_kernel}
+    for x, weight, stride, with_bias, which in cases:
+        bias = torch.randn(weight.shape[0], device=DEVICE, dtype=x.dtype) if with_bias else None
+        with recording_launches() as launches:
+            got = conv2d.conv2d(x, weight, bias, stride, 1)
+        assert launches[-1].kernel is kernels[which], (which, x.shape, x.stride(), stride)
+        bound = 5e-3 if x.dtype == torch.float32 else 2e-3  # TF32
+        assert _conv_error(got, x, weight, bias, stride, 1, 1) < bound
+        channels_last = x.is_contiguous(memory_format=cl) and not x.is_contiguous()
+        assert got.is_contiguous(memory_format=cl if channels_last else torch.contiguous_format)
+    # past it, x and the weight are copied channels-last first
+    monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
+    bias = torch.randn(136, **f16)
+    with recording_launches() as launches:
+        got = conv2d.conv2d(*nchw, bias, 1, 1)
+    kernels = [launch.kernel for launch in launches]
+    assert kernels == [conv2d_tma.channels_last_kernel] * 2 + [conv2d_tma.tma_conv2d_kernel]
+    assert _conv_error(got, *nchw, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
+
+
 def test_conv2d_measures_a_view_by_how_far_its_strides_reach():
     # 17 channels 2^27 elements apart: few elements, offsets past 32 bits, so x is copied
     view = torch.empty_strided((1, 17, 2, 2), (0, 2**27, 2, 1), device="meta")

@@ -197,6 +197,12 @@ def _host_cases():
         # past SMALL_PRODUCT with rows the TMA unit takes: the persistent kernel
         half = square.half()
         cases.append(("matmul, TMA", matmul.matmul, (half, half.t()), False))
+        # a stride-1 channels-last layer past SMALL_PRODUCT: the TMA convolution
+        layer = (
+            torch.randn(4, 64, 28, 28, **f16).to(memory_format=torch.channels_last),
+            torch.randn(64, 64, 3, 3, **f16).to(memory_format=torch.channels_last),
+        )
+        cases.append(("conv2d, TMA", lambda x, w: conv2d.conv2d(x, w, padding=1), layer, False))
     return cases
 
 

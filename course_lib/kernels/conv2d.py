@@ -9,14 +9,18 @@ input, and the load's mask, false where a tap falls into the padding, *is* the p
 With 16 channels or more, K runs (r, s, c), c innermost: the tap (r, s) is one scalar per
 step, and each row of an A tile is BLOCK_K channels of one input pixel, contiguous in a
 channels-last input. An NCHW input is read in place in the same order, each row of a tile
-then gathered across channel planes H·W apart: on an H100 that ran about as fast as
-copying the input to channels-last first, without the copy's memory. With
-fewer channels (an RGB image) a channel tile would be mostly padding, so K runs (c, r, s),
-each lane a tap of its own, over an NCHW input (copied so where it is channels-last),
-whose tiles are loaded along the pixels that lie side by side. The weight is read as an
-[O, K] matrix, in contiguous runs where its rows lie in K's order (an NCHW model's weight
-for (c, r, s), a channels-last model's for (r, s, c)); otherwise through its strides if it
-is small, and from a copy in K's order if it is not.
+then gathered across channel planes H·W apart. With fewer channels (an RGB image) a channel
+tile would be mostly padding, so K runs (c, r, s), each lane a tap of its own, over an NCHW
+input (copied so where it is channels-last), whose tiles are loaded along the pixels that
+lie side by side. The weight is read as an [O, K] matrix, in contiguous runs where its rows
+lie in K's order (an NCHW model's weight for (c, r, s), a channels-last model's for
+(r, s, c)); otherwise through its strides if it is small, and from a copy in K's order if
+it is not.
+
+On Hopper GPUs, 16-bit stride-1 convolutions go to conv2d_tma.py instead, whose tiles the
+TMA unit moves: channels-last ones always; NCHW ones, which it copies channels-last first,
+in large products only. There the GPU time it saves pays for the copies' launches, which
+in a loop over smaller ones cost the host more than the whole GPU time (NCHW_TMA_PRODUCT).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
+from course_lib.kernels import conv2d_tma
 from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
 from course_lib.kernels.matmul import grouped_tile
 
@@ -141,6 +146,13 @@ def conv2d_kernel(
 
 # tiny products take one modest tile: tuning each new shape would cost more than it wins
 SMALL_PRODUCT = 256**3
+# An NCHW x reaches the TMA kernel through channels-last copies of x and the weight: two
+# launches more per call. On an H200, on ResNet's 3x3 layers at batch 32 (3.7e9
+# multiply-adds), that route took 0.70-0.85 of the GPU time of this kernel reading x in
+# place (33-48 against 40-58 µs), but cost the host 119-140 µs a call against 55-69, more
+# than either's GPU time: in a loop it ran at half the speed. Scaled from those figures,
+# from 2^34 multiply-adds on the GPU time of either passes that host cost, and decides.
+NCHW_TMA_PRODUCT = 2**34
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
 TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "W_FLAT",
@@ -160,6 +172,8 @@ conv2d_autotuned_launcher = LeanLauncher(conv2d_kernel_autotuned)
 
 def _pair(value, name: str) -> tuple[int, int]:
     """An int or a pair of ints, as a pair; a clear error for anything else."""
+    if type(value) is int:  # the usual case, at the least host cost
+        return value, value
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise TypeError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}")
@@ -245,7 +259,8 @@ def conv2d(
     # the output takes x's memory format
     channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     # a view's offsets reach as far as its strides take them, whatever its element count
-    if _reach(x) >= 2**31:
+    # (a contiguous tensor's reach is checked with its size below)
+    if not (x.is_contiguous() or channels_last) and _reach(x) >= 2**31:
         x = x.contiguous()
     if _reach(weight) >= 2**31:
         weight = weight.contiguous()
@@ -262,6 +277,17 @@ def conv2d(
         return out
     if C == 0:
         return out.zero_() if bias is None else out.copy_(bias[:, None, None].expand_as(out))
+    bias = None if bias is None else bias.contiguous()
+    M = B * OH * OW
+    # on Hopper, stride-1 convolutions go to the TMA kernel (conv2d_tma.py); an NCHW x only in
+    # large products, since it is copied channels-last first (see NCHW_TMA_PRODUCT)
+    product = M * O * C * KH * KW
+    if (
+        product > SMALL_PRODUCT
+        and (channels_last or product >= NCHW_TMA_PRODUCT)
+        and conv2d_tma.suits(x, weight, stride)
+    ):
+        return conv2d_tma.tma_conv2d(x, weight, bias, out, (pt, pl), dilation)
     # K's order follows the memory, copied where that costs less: see the module's docstring
     channels_inner = C >= MIN_CHANNELS_INNER
     if not channels_inner and x.stride(3) != 1:
@@ -283,9 +309,8 @@ def conv2d(
         K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=w_flat,
         HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
     )  # fmt: skip
-    bias_arg = x if bias is None else bias.contiguous()  # never read without HAS_BIAS
-    M = B * OH * OW
-    if runtime.INTERPRETED or M * O * C * KH * KW <= SMALL_PRODUCT:
+    bias_arg = x if bias is None else bias  # never read without HAS_BIAS
+    if runtime.INTERPRETED or product <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(O, config["BLOCK_N"]),)
         conv2d_launcher[grid](x, weight, bias_arg, out, *sizes, **meta, **config)

@@ -1,0 +1,322 @@
+"""Lesson 06's convolution on Hopper: the implicit GEMM with its tiles moved by the TMA unit.
+
+With stride 1, the input that a patch of output pixels reads for one tap (r, s) is a patch
+of the same shape, shifted by (r·dh - ph, s·dw - pw). So an output tile is taken as a
+BH x BW patch of one image (BLOCK_M = BH·BW pixels), and for each tap and channel tile the
+TMA unit copies the shifted [1, BH, BW, BLOCK_K] box of the input, seen as the 4-D tensor
+[B, H, W, C], into shared memory. What lies past an edge of the image it fills with zeros:
+the padding, with no mask, no pointer and no index arithmetic per pixel. The weight is read
+the same way, as [O, kh, kw, C] boxes, and a channels-last output is stored as a box too.
+
+The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; on an H100
+this one ran the ResNet-50 3x3 layers channels-last at 0.83-0.97 of cuDNN where that one ran
+them at 0.69-0.79 (0.84-0.97 on an H200, on the GPU's clock). It needs the channels
+innermost (channels-last; an NCHW input is copied so first, by channels_last_kernel below),
+16-bit floats, stride 1, and rows a multiple of 16 bytes apart: `suits` says when. A stride
+of 2 would need boxes that skip every other pixel, which Triton's descriptors do not offer;
+such convolutions stay with the lesson's kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from course_lib import runtime
+from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
+from course_lib.kernels.matmul import grouped_tile
+from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
+
+# BH, BW (the output patch, BLOCK_M = BH·BW pixels), BLOCK_N, BLOCK_K, stages, warps: the
+# best of a search on an H100 over the ResNet-50 3x3 layers (8x8 patches for 64 channels
+# at 56x56, 32x4 for 128 at 28x28, 16x8 and 8x8 for 256 at 14x14) and their neighbours
+TILE_SHAPES = [
+    (8, 8, 64, 64, 4, 4),
+    (8, 8, 128, 64, 4, 4),
+    (16, 8, 64, 64, 4, 4),
+    (16, 8, 128, 64, 4, 8),
+    (8, 16, 128, 64, 4, 8),
+    (32, 4, 128, 64, 4, 8),
+    (16, 4, 128, 64, 4, 4),
+    (16, 8, 128, 128, 3, 8),
+    (16, 16, 128, 64, 3, 8),
+    (16, 8, 256, 64, 3, 8),
+]
+INTERPRETER_CONFIG = {"BH": 4, "BW": 4, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}
+
+
+@triton.jit
+def tma_conv2d_kernel(
+    x_desc, w_desc, out_desc, bias_ptr, out_ptr,
+    B, H, W, C, O, OH, OW, PH, PW, DH, DW, stride_ob, stride_oc, stride_oh, stride_ow,
+    KH: tl.constexpr, KW: tl.constexpr, HAS_BIAS: tl.constexpr, OUT_DESC: tl.constexpr,
+    BH: tl.constexpr, BW: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """One [BH·BW, BLOCK_N] tile of the output: a BH x BW patch of one image, BLOCK_N
+    channels. x_desc is the input as [B, H, W, C], w_desc the weight as [O, kh, kw, C],
+    out_desc the output as [B, OH, OW, O] where OUT_DESC; otherwise the output is stored
+    through out_ptr and its strides (H and W key the autotuner only).
+
+    One program per tile: on an H100, a persistent grid and descriptors built on the GPU
+    both ran these layers slower (0.60-0.86 of cuDNN against 0.83-0.97) and saved the
+    host no time, which goes to Python, not to the descriptors."""
+    BLOCK_M: tl.constexpr = BH * BW
+    tiles_h = tl.cdiv(OH, BH)
+    tiles_w = tl.cdiv(OW, BW)
+    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), B * tiles_h * tiles_w * BLOCK_M, O,
+                                BLOCK_M, BLOCK_N, GROUP_M)  # fmt: skip
+    b = pid_m // (tiles_h * tiles_w)
+    oh0 = (pid_m // tiles_w) % tiles_h * BH
+    ow0 = pid_m % tiles_w * BW
+    col = pid_n * BLOCK_N
+    c_steps = tl.cdiv(C, BLOCK_K)  # channels past C load as zeros, from x and w alike
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, KH * KW * c_steps):
+        rs = step // c_steps
+        r, s = rs // KW, rs % KW
+        c0 = (step % c_steps) * BLOCK_K
+        # the patch shifted to tap (r, s): a box past any edge of the image is fine
+        x_box = x_desc.load([b, oh0 + r * DH - PH, ow0 + s * DW - PW, c0])  # [1, BH, BW, BK]
+        w_box = w_desc.load([col, r, s, c0])  # [BLOCK_N, 1, 1, BLOCK_K]
+        a = tl.reshape(x_box, (BLOCK_M, BLOCK_K))
+        acc = tl.dot(a, tl.reshape(w_box, (BLOCK_N, BLOCK_K)).T, acc)
+
+    offs_n = col + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:  # fused: added in registers before the one store
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < O, other=0.0).to(tl.float32)[None, :]
+    tile = acc.to(out_ptr.dtype.element_ty)
+    if OUT_DESC:  # the TMA unit clips the box at the image's edges
+        out_desc.store([b, oh0, ow0, col], tl.reshape(tile, (1, BH, BW, BLOCK_N)))
+    else:
+        offs_p = tl.arange(0, BLOCK_M)
+        oh = oh0 + offs_p // BW
+        ow = ow0 + offs_p % BW
+        rows = out_ptr + b.to(tl.int64) * stride_ob + oh * stride_oh + ow * stride_ow
+        mask = ((oh < OH) & (ow < OW))[:, None] & (offs_n < O)[None, :]
+        tl.store(rows[:, None] + offs_n[None, :] * stride_oc, tile, mask=mask)
+
+
+@triton.jit
+def channels_last_kernel(
+    src_ptr, dst_ptr, C, P, stride_b, stride_c, stride_p,
+    BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """dst[b, p, c] = src[b, c, p] for one [BLOCK_C, BLOCK_P] tile of one image: the H·W
+    pixels of an image are one axis p of src (as in NCHW memory), and dst is channels-last.
+    The tile is read along the pixels and written along the channels, both contiguous; the
+    compiler turns it around in shared memory between the two, as in lesson 03's transpose."""
+    pid = tl.program_id(axis=0)
+    tiles_p = tl.cdiv(P, BLOCK_P)
+    tiles_c = tl.cdiv(C, BLOCK_C)
+    b = pid // (tiles_c * tiles_p)
+    offs_c = (pid // tiles_p) % tiles_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
+    offs_p = pid % tiles_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P]
+    mask = (offs_c < C)[:, None] & (offs_p < P)[None, :]
+    image = b.to(tl.int64)  # B·C·H·W may pass 2^31
+    src = src_ptr + image * stride_b + offs_c[:, None] * stride_c + offs_p[None, :] * stride_p
+    tile = tl.load(src, mask=mask)  # [BLOCK_C, BLOCK_P]
+    tl.store(dst_ptr + image * P * C + offs_p[None, :] * C + offs_c[:, None], tile, mask=mask)
+
+
+channels_last_launcher = LeanLauncher(channels_last_kernel)
+COPY_TILE = {"BLOCK_C": 64, "BLOCK_P": 64, "num_warps": 4}
+
+
+@dataclass
+class _Copy:
+    """A channels-last copy of a [B, C, H, W] operand whose H·W pixels are one axis (its rows
+    follow each other in memory), worked out once per layout. On an H200 (4.2 TB/s for a
+    plain copy), torch's own copy of NCHW ResNet activations to channels-last ran at 440-720
+    GB/s, and channels_last_kernel at 870-2320 GB/s, the larger the tensor the faster."""
+
+    shape: tuple
+    args: tuple  # C, P and the three strides
+    grid: tuple
+
+    @staticmethod
+    def of(t: torch.Tensor) -> _Copy | None:
+        """How to copy t, or None where its pixels are no single axis (a strided view)."""
+        B, C, H, W = t.shape
+        if H > 1 and W > 1 and t.stride(2) != W * t.stride(3):
+            return None
+        stride_p = t.stride(3) if W > 1 else t.stride(2)
+        P = H * W
+        tiles = cdiv(C, COPY_TILE["BLOCK_C"]) * cdiv(P, COPY_TILE["BLOCK_P"])
+        return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), (B * tiles,))
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        dst = torch.empty(self.shape, dtype=t.dtype, device=t.device,
+                          memory_format=torch.channels_last)  # fmt: skip
+        channels_last_launcher[self.grid](t, dst, *self.args, **COPY_TILE)
+        return dst
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """t [B, C, H, W] copied channels-last, by channels_last_kernel where its pixels are one
+    axis and by torch otherwise."""
+    return _copied(t, _Copy.of(t) or True)
+
+
+def _copied(t: torch.Tensor, copy: _Copy | bool) -> torch.Tensor:
+    """t itself (copy False), or its channels-last copy by torch (True) or by a _Copy."""
+    if copy is False:
+        return t
+    return t.contiguous(memory_format=torch.channels_last) if copy is True else copy(t)
+
+
+def _set_block_shapes(args: dict) -> None:
+    """Make the descriptors' boxes those of the config about to run."""
+    bh, bw, bn, bk = args["BH"], args["BW"], args["BLOCK_N"], args["BLOCK_K"]
+    args["x_desc"].block_shape = [1, bh, bw, bk]
+    args["w_desc"].block_shape = [bn, 1, 1, bk]
+    args["out_desc"].block_shape = [1, bh, bw, bn]
+
+
+# the sizes and choices a tuned config is kept for
+TUNED_BY = ["B", "H", "W", "C", "O", "OH", "OW", "DH", "DW", "KH", "KW", "HAS_BIAS", "OUT_DESC"]
+tma_conv2d_autotuned = triton.autotune(
+    configs=[
+        triton.Config(
+            {"BH": bh, "BW": bw, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8},
+            num_stages=s,
+            num_warps=w,
+            pre_hook=_set_block_shapes,
+        )
+        for bh, bw, n, k, s, w in TILE_SHAPES
+    ],  # fmt: skip
+    key=TUNED_BY,
+)(tma_conv2d_kernel)
+tma_conv2d_launcher = LeanLauncher(tma_conv2d_kernel)
+tma_conv2d_autotuned_launcher = LeanLauncher(tma_conv2d_autotuned)
+
+
+def suits(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int]) -> bool:
+    """Whether tma_conv2d takes this convolution: on the GPUs in TMA_GPUS, fp16 or bf16,
+    stride 1, and C and O multiples of 8, so that every row of channels is a multiple of
+    16 bytes long (x's layout is tma_conv2d's business: it copies an NCHW x)."""
+    if runtime.INTERPRETED or _capability(x.get_device()) not in TMA_GPUS:
+        return False
+    return (
+        x.dtype in (torch.float16, torch.bfloat16)
+        and stride == (1, 1)
+        and x.shape[1] % 8 == 0
+        and weight.shape[0] % 8 == 0
+    )
+
+
+@dataclass
+class _Plan:
+    """What tma_conv2d works out once per layout of its operands: in a loop, checking
+    strides and building the kernel's arguments again on every call cost the host more
+    than the launch itself."""
+
+    # how x (or the weight) is copied channels-last first, where it is not: a _Copy, or
+    # True for torch's own copy
+    copy_x: _Copy | bool
+    copy_w: _Copy | bool
+    views: tuple  # (shape, strides) of x, the weight and the output, channels innermost
+    out_desc: bool  # the output takes TMA stores (else x's view stands in for it)
+    sizes: tuple  # the kernel's integer arguments
+    meta: dict
+    grid: Callable[[dict], tuple]
+    # the autotuner's choice, once made: later calls launch the plain kernel with it, with
+    # no pre_hook to run and no autotuner to consult
+    config: dict | None = None
+
+
+# plans by the operands' layout (see tma_conv2d)
+_plans: dict[tuple, _Plan] = {}
+
+
+def _box_rules_kept(t: torch.Tensor) -> bool:
+    """Whether the TMA unit reads the 4-D `t` with its channels (axis 1) as the innermost
+    axis of a box: channels contiguous, every other stride a multiple of 16 bytes, and a
+    16-byte aligned start."""
+    if t.stride(1) != 1 and t.shape[1] > 1:
+        return False
+    others = [s for i, s in enumerate(t.stride()) if i != 1 and t.shape[i] > 1]
+    return all(s * t.element_size() % 16 == 0 for s in others) and t.data_ptr() % 16 == 0
+
+
+def _channels_innermost(t: torch.Tensor) -> tuple[list, list]:
+    """The shape and strides of [B, C, H, W]-like `t` seen as [B, H, W, C]. An axis of
+    size 1 gets a stride of 16 bytes: it is never stepped along, and the TMA unit wants
+    every stride but the innermost a multiple of 16 bytes, whatever the axis's size."""
+    shape = [t.shape[i] for i in (0, 2, 3, 1)]
+    strides = [t.stride(i) if t.shape[i] > 1 else 16 // t.element_size() for i in (0, 2, 3)]
+    return shape, [*strides, 1]
+
+
+def _copy_plan(t: torch.Tensor) -> _Copy | bool:
+    """How _copied is to make t readable by the TMA unit."""
+    if _box_rules_kept(t):
+        return False
+    return _Copy.of(t) or True
+
+
+def _plan(x, weight, bias, out, padding, dilation) -> _Plan:
+    copy_x, copy_w = _copy_plan(x), _copy_plan(weight)
+    out_desc = _box_rules_kept(out)
+    # the shapes and strides of the copies, on the meta device: no memory is taken
+    if copy_x is not False:
+        x = torch.empty_like(x, memory_format=torch.channels_last, device="meta")
+    if copy_w is not False:
+        weight = torch.empty_like(weight, memory_format=torch.channels_last, device="meta")
+    (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
+    # an output the TMA unit cannot store into still needs a valid descriptor: x's
+    views = tuple(_channels_innermost(t) for t in (x, weight, out if out_desc else x))
+    sizes = (B, H, W, C, O, OH, OW, *padding, *dilation, *out.stride())
+    meta = dict(KH=KH, KW=KW, HAS_BIAS=bias is not None, OUT_DESC=out_desc)
+    grid = lambda m: (B * cdiv(OH, m["BH"]) * cdiv(OW, m["BW"]) * cdiv(O, m["BLOCK_N"]),)
+    return _Plan(copy_x, copy_w, views, out_desc, sizes, meta, grid)
+
+
+def _descriptor(t: torch.Tensor, shape: list, strides: list) -> TensorDescriptor:
+    """A descriptor over `t` seen with this shape and these strides, which follow the TMA
+    unit's rules (_plan checked them), without checking them again on every call. The box
+    is set by _set_block_shapes."""
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides = t, shape, strides
+    desc.block_shape, desc.padding = [1, 1, 1, 16], "zero"
+    return desc
+
+
+def tma_conv2d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+    padding: tuple[int, int], dilation: tuple[int, int], config: dict | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """out = conv2d(x, weight, bias) with stride 1, `padding` the top and left padding (the
+    bottom and right follow from out's size), for a convolution that `suits` says this
+    kernel takes; autotuned on a GPU, or with `config` (BH, BW, BLOCK_N, BLOCK_K, GROUP_M,
+    optionally num_warps and num_stages). x and the weight are copied channels-last where
+    they are not; out may have any layout, and bias must be contiguous. Shapes are not
+    checked here: conv2d checks them."""
+    key = (x.shape, x.stride(), weight.shape, weight.stride(), out.shape, out.stride(), x.dtype,
+           x.data_ptr() % 16, weight.data_ptr() % 16, out.data_ptr() % 16, bias is None,
+           padding, dilation)  # fmt: skip
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
+            _plans.clear()
+        plan = _plans[key] = _plan(x, weight, bias, out, padding, dilation)
+    x, weight = _copied(x, plan.copy_x), _copied(weight, plan.copy_w)
+    (x_view, w_view, out_view) = plan.views
+    descs = (_descriptor(x, *x_view), _descriptor(weight, *w_view),
+             _descriptor(out if plan.out_desc else x, *out_view))  # fmt: skip
+    args = (*descs, out if bias is None else bias, out, *plan.sizes)
+    if config is None and runtime.INTERPRETED:  # nothing to time there
+        config = INTERPRETER_CONFIG
+    config = config or plan.config
+    if config is None:
+        tma_conv2d_autotuned_launcher[plan.grid](*args, **plan.meta)
+        plan.config = tma_conv2d_autotuned.best_config.all_kwargs()
+    else:
+        _set_block_shapes(dict(zip(("x_desc", "w_desc", "out_desc"), descs)) | config)
+        tma_conv2d_launcher[plan.grid(config)](*args, **plan.meta, **config)
+    return out
