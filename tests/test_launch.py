@@ -57,6 +57,23 @@ def test_recording_gives_bare_launches_that_compute_the_same():
     assert outside == []
 
 
+def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
+    # a kept launch skips the autotuner, whose best_config then still names the last key it
+    # tuned; the launcher itself tells the config it ran with (tma_conv2d keeps it per plan)
+    launcher = _launch.LeanLauncher(conv2d.conv2d_kernel_autotuned)
+    stream = type("Active", (), {"get_current_stream": staticmethod(lambda device: 0)})
+    monkeypatch.setattr(_launch, "_INTERNALS", (None, type("Driver", (), {"active": stream})))
+    ran = []
+    entry = _launch._Compiled(
+        run=lambda *args: ran.append(args), function=0, metadata=None, grid=(3,),
+        constexprs=(), config={"BLOCK_M": 64, "num_warps": 4}, pre_hook=None,
+    )  # fmt: skip
+    launcher.config = {"BLOCK_M": 256, "num_warps": 8}  # another key's, tuned last
+    launcher.run_compiled(entry, None, (), {}, device=0)
+    assert len(ran) == 1 and ran[0][:3] == (3, 1, 1)
+    assert launcher.config == {"BLOCK_M": 64, "num_warps": 4}
+
+
 @pytest.mark.gpu
 def test_each_specialisation_gets_its_own_compiled_kernel():
     # the same size, aligned, then 4 bytes off (no longer 16-byte aligned), then aligned

@@ -187,6 +187,9 @@ class LeanLauncher:
         if _INTERNALS is not None and not isinstance(self.jit, JITFunction):
             raise TypeError(f"LeanLauncher takes a @triton.jit kernel, not {type(self.jit)}")
         self._compiled: dict[tuple, _Compiled] = {}
+        # an autotuned kernel's config in its last launch, as kwargs: a kept launch skips the
+        # autotuner, whose best_config may then be another key's
+        self.config: dict = {}
 
     def __getitem__(self, grid):
         if callable(grid) and not self.tuned:
@@ -225,6 +228,7 @@ class LeanLauncher:
         if entry.grid is not None:
             grid = entry.grid
         grid = (*grid, 1, 1)
+        self.config = entry.config
         if entry.pre_hook is not None:
             entry.pre_hook(self._named(args, meta, entry.config))
         if _recorded is not None:
@@ -253,8 +257,9 @@ class LeanLauncher:
 
     def _plain(self, grid, args: tuple, meta: dict):
         compiled = self.kernel[grid](*args, **meta)
+        self.config = self.kernel.best_config.all_kwargs() if self.tuned else {}
         if _recorded is not None:
-            config = self.kernel.best_config.all_kwargs() if self.tuned else {}
+            config = self.config
             if callable(grid):
                 grid = grid(self._named(args, meta, config))
             _recorded.append(Launch(self.jit, (*grid, 1, 1)[:3], args, {**meta, **config}))

@@ -151,7 +151,7 @@ SMALL_PRODUCT = 256**3
 # multiply-adds), that route took 0.70-0.85 of the GPU time of this kernel reading x in
 # place (33-48 against 40-58 µs), but cost the host 119-140 µs a call against 55-69, more
 # than either's GPU time: in a loop it ran at half the speed. Scaled from those figures,
-# from 2^34 multiply-adds on the GPU time of either passes that host cost, and decides.
+# from 2^34 multiply-adds on either route's GPU time exceeds that host cost, and decides.
 NCHW_TMA_PRODUCT = 2**34
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)

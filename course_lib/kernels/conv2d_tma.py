@@ -10,11 +10,11 @@ the same way, as [O, kh, kw, C] boxes, and a channels-last output is stored as a
 
 The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; on an H100
 this one ran the ResNet-50 3x3 layers channels-last at 0.83-0.97 of cuDNN where that one ran
-them at 0.69-0.79 (0.84-0.97 on an H200, on the GPU's clock). It needs the channels
-innermost (channels-last; an NCHW input is copied so first, by channels_last_kernel below),
-16-bit floats, stride 1, and rows a multiple of 16 bytes apart: `suits` says when. A stride
-of 2 would need boxes that skip every other pixel, which Triton's descriptors do not offer;
-such convolutions stay with the lesson's kernel.
+them at 0.69-0.79 (on an H200, 0.84-0.97 in the benchmark; both by the GPU's clock). It needs
+the channels innermost (channels-last; an NCHW input is copied so first, by
+channels_last_kernel below), 16-bit floats, stride 1, and rows a multiple of 16 bytes apart:
+`suits` says when. A stride of 2 would need boxes that skip every other pixel, which
+Triton's descriptors do not offer; such convolutions stay with the lesson's kernel.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def tma_conv2d_kernel(
     BLOCK_M: tl.constexpr = BH * BW
     tiles_h = tl.cdiv(OH, BH)
     tiles_w = tl.cdiv(OW, BW)
-    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), B * tiles_h * tiles_w * BLOCK_M, O,
-                                BLOCK_M, BLOCK_N, GROUP_M)  # fmt: skip
+    # counted in tiles, not pixels: a padded tile count times BLOCK_M may pass 2^31
+    pid_m, pid_n = grouped_tile(tl.program_id(axis=0), B * tiles_h * tiles_w, O, 1, BLOCK_N,
+                                GROUP_M)  # fmt: skip
     b = pid_m // (tiles_h * tiles_w)
     oh0 = (pid_m // tiles_w) % tiles_h * BH
     ow0 = pid_m % tiles_w * BW
@@ -125,32 +126,36 @@ def channels_last_kernel(
 
 
 channels_last_launcher = LeanLauncher(channels_last_kernel)
+# square tiles, as lesson 03's transpose found best: on an H200 this copied ResNet's NCHW
+# activations at 0.9-2.3 TB/s (the larger the faster), 2-3x torch's own copy
 COPY_TILE = {"BLOCK_C": 64, "BLOCK_P": 64, "num_warps": 4}
 
 
 @dataclass
 class _Copy:
-    """A channels-last copy of a [B, C, H, W] operand whose H·W pixels are one axis (its rows
-    follow each other in memory), worked out once per layout. On an H200 (4.2 TB/s for a
-    plain copy), torch's own copy of NCHW ResNet activations to channels-last ran at 440-720
-    GB/s, and channels_last_kernel at 870-2320 GB/s, the larger the tensor the faster."""
+    """How to copy a [B, C, H, W] operand channels-last, worked out once per layout: by
+    channels_last_kernel where its H·W pixels are one axis (its rows follow each other in
+    memory, as in NCHW), by torch otherwise. On an H200 (4.2 TB/s for a plain copy), torch's
+    own copy of NCHW ResNet activations to channels-last ran at 440-720 GB/s, and
+    channels_last_kernel at 870-2320 GB/s."""
 
     shape: tuple
     args: tuple  # C, P and the three strides
-    grid: tuple
+    grid: tuple | None  # None: torch copies
 
     @staticmethod
-    def of(t: torch.Tensor) -> _Copy | None:
-        """How to copy t, or None where its pixels are no single axis (a strided view)."""
+    def of(t: torch.Tensor) -> _Copy:
         B, C, H, W = t.shape
         if H > 1 and W > 1 and t.stride(2) != W * t.stride(3):
-            return None
+            return _Copy(t.shape, (), None)
         stride_p = t.stride(3) if W > 1 else t.stride(2)
         P = H * W
         tiles = cdiv(C, COPY_TILE["BLOCK_C"]) * cdiv(P, COPY_TILE["BLOCK_P"])
         return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), (B * tiles,))
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if self.grid is None:
+            return t.contiguous(memory_format=torch.channels_last)
         dst = torch.empty(self.shape, dtype=t.dtype, device=t.device,
                           memory_format=torch.channels_last)  # fmt: skip
         channels_last_launcher[self.grid](t, dst, *self.args, **COPY_TILE)
@@ -158,16 +163,8 @@ class _Copy:
 
 
 def channels_last(t: torch.Tensor) -> torch.Tensor:
-    """t [B, C, H, W] copied channels-last, by channels_last_kernel where its pixels are one
-    axis and by torch otherwise."""
-    return _copied(t, _Copy.of(t) or True)
-
-
-def _copied(t: torch.Tensor, copy: _Copy | bool) -> torch.Tensor:
-    """t itself (copy False), or its channels-last copy by torch (True) or by a _Copy."""
-    if copy is False:
-        return t
-    return t.contiguous(memory_format=torch.channels_last) if copy is True else copy(t)
+    """t [B, C, H, W] copied channels-last (see _Copy)."""
+    return _Copy.of(t)(t)
 
 
 def _set_block_shapes(args: dict) -> None:
@@ -204,6 +201,7 @@ def suits(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int]) -> boo
         return False
     return (
         x.dtype in (torch.float16, torch.bfloat16)
+        and x.numel() > 0  # a descriptor has no axis of size 0
         and stride == (1, 1)
         and x.shape[1] % 8 == 0
         and weight.shape[0] % 8 == 0
@@ -216,10 +214,9 @@ class _Plan:
     strides and building the kernel's arguments again on every call cost the host more
     than the launch itself."""
 
-    # how x (or the weight) is copied channels-last first, where it is not: a _Copy, or
-    # True for torch's own copy
-    copy_x: _Copy | bool
-    copy_w: _Copy | bool
+    # how x (or the weight) is copied channels-last first; None where the TMA unit reads it
+    copy_x: _Copy | None
+    copy_w: _Copy | None
     views: tuple  # (shape, strides) of x, the weight and the output, channels innermost
     out_desc: bool  # the output takes TMA stores (else x's view stands in for it)
     sizes: tuple  # the kernel's integer arguments
@@ -241,7 +238,10 @@ def _box_rules_kept(t: torch.Tensor) -> bool:
     if t.stride(1) != 1 and t.shape[1] > 1:
         return False
     others = [s for i, s in enumerate(t.stride()) if i != 1 and t.shape[i] > 1]
-    return all(s * t.element_size() % 16 == 0 for s in others) and t.data_ptr() % 16 == 0
+    # a stride of 0 (an expanded tensor) is no stride the TMA unit steps by
+    return all(s > 0 and s * t.element_size() % 16 == 0 for s in others) and (
+        t.data_ptr() % 16 == 0
+    )
 
 
 def _channels_innermost(t: torch.Tensor) -> tuple[list, list]:
@@ -253,20 +253,19 @@ def _channels_innermost(t: torch.Tensor) -> tuple[list, list]:
     return shape, [*strides, 1]
 
 
-def _copy_plan(t: torch.Tensor) -> _Copy | bool:
-    """How _copied is to make t readable by the TMA unit."""
-    if _box_rules_kept(t):
-        return False
-    return _Copy.of(t) or True
+def _copy_plan(t: torch.Tensor) -> _Copy | None:
+    return None if _box_rules_kept(t) else _Copy.of(t)
 
 
-def _plan(x, weight, bias, out, padding, dilation) -> _Plan:
+def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+          padding: tuple[int, int], dilation: tuple[int, int]) -> _Plan:  # fmt: skip
+    """What tma_conv2d does for operands of this layout, worked out from their strides."""
     copy_x, copy_w = _copy_plan(x), _copy_plan(weight)
     out_desc = _box_rules_kept(out)
     # the shapes and strides of the copies, on the meta device: no memory is taken
-    if copy_x is not False:
+    if copy_x is not None:
         x = torch.empty_like(x, memory_format=torch.channels_last, device="meta")
-    if copy_w is not False:
+    if copy_w is not None:
         weight = torch.empty_like(weight, memory_format=torch.channels_last, device="meta")
     (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
     # an output the TMA unit cannot store into still needs a valid descriptor: x's
@@ -305,7 +304,10 @@ def tma_conv2d(
         if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
             _plans.clear()
         plan = _plans[key] = _plan(x, weight, bias, out, padding, dilation)
-    x, weight = _copied(x, plan.copy_x), _copied(weight, plan.copy_w)
+    if plan.copy_x is not None:
+        x = plan.copy_x(x)
+    if plan.copy_w is not None:
+        weight = plan.copy_w(weight)
     (x_view, w_view, out_view) = plan.views
     descs = (_descriptor(x, *x_view), _descriptor(weight, *w_view),
              _descriptor(out if plan.out_desc else x, *out_view))  # fmt: skip
@@ -315,7 +317,7 @@ def tma_conv2d(
     config = config or plan.config
     if config is None:
         tma_conv2d_autotuned_launcher[plan.grid](*args, **plan.meta)
-        plan.config = tma_conv2d_autotuned.best_config.all_kwargs()
+        plan.config = tma_conv2d_autotuned_launcher.config
     else:
         _set_block_shapes(dict(zip(("x_desc", "w_desc", "out_desc"), descs)) | config)
         tma_conv2d_launcher[plan.grid(config)](*args, **plan.meta, **config)
