@@ -280,9 +280,8 @@ class LeanLauncher:
             )
         compiled = self._plain(grid, args, meta)
         config, pre_hook, resolved = {}, None, None
-        if self.tuned:
-            chosen = self.kernel.best_config
-            config, pre_hook = chosen.all_kwargs(), chosen.pre_hook
+        if self.tuned:  # _plain has kept the config the autotuner chose
+            config, pre_hook = self.config, self.kernel.best_config.pre_hook
             if callable(grid):
                 resolved = tuple(grid(self._named(args, meta, config)))
         given = {**meta, **config}
