@@ -721,12 +721,44 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
         assert got.is_contiguous(memory_format=cl if channels_last else torch.contiguous_format)
     # past it, x and the weight are copied channels-last first
     monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
+    monkeypatch.setattr(conv2d, "_calls", {})  # the routes chosen before the change go
     bias = torch.randn(136, **f16)
     with recording_launches() as launches:
         got = conv2d.conv2d(*nchw, bias, 1, 1)
     kernels = [launch.kernel for launch in launches]
     assert kernels == [conv2d_tma.channels_last_kernel] * 2 + [conv2d_tma.tma_conv2d_kernel]
     assert _conv_error(got, *nchw, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
+
+
+def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
+    # a call with the shapes, strides, dtypes, devices, alignments and options of an
+    # earlier one reuses what that call worked out; anything else is worked out anew
+    prepared = []
+    prepare = conv2d._prepare
+    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_prepare", lambda *a: prepared.append(a) or prepare(*a))
+    storage = torch.randn(2 * 16 * 9 * 9 + 4, device=DEVICE)
+    weight, bias = torch.randn(8, 16, 3, 3, device=DEVICE), torch.randn(8, device=DEVICE)
+    aligned = storage[:-4].view(2, 16, 9, 9)
+    misaligned = storage[1:-3].view(2, 16, 9, 9)  # 4 bytes off a 16-byte boundary
+    for x, stride, padding, expected_prepared in [
+        (aligned, 1, 1, 1),
+        (aligned * 2, 1, 1, 1),  # other values, same signature
+        (misaligned, 1, 1, 2),
+        (aligned, 2, 1, 3),
+        (aligned, 1, "same", 4),
+        (aligned, [1, 1], [1, 1], 5),  # lists: checked in full, never kept
+        (aligned, [1, 1], [1, 1], 6),
+        (aligned.contiguous(memory_format=torch.channels_last), 1, 1, 7),
+    ]:
+        got = conv2d.conv2d(x, weight, bias, stride, padding)
+        expected = torch.nn.functional.conv2d(x, weight, bias, stride, padding)
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+        assert len(prepared) == expected_prepared, (x.stride(), stride, padding)
+    # a call that fails its checks is kept by no one: it fails again, the same way
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bias must have shape"):
+            conv2d.conv2d(aligned, weight, bias[:4], 1, 1)
 
 
 def test_conv2d_measures_a_view_by_how_far_its_strides_reach():

@@ -74,6 +74,42 @@ def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
     assert launcher.config == {"BLOCK_M": 64, "num_warps": 4}
 
 
+def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
+    # the first call launches through the launcher, which keeps the compiled kernel; the
+    # next ones run that kernel directly, except on another device, while a profiler
+    # listens, or while launches are recorded into a graph
+    hooks = type("Knobs", (), {"launch_enter_hook": None, "launch_exit_hook": None})
+    device = [0]
+    active = type("Active", (), {"get_current_device": staticmethod(lambda: device[0])})
+    monkeypatch.setattr(_launch, "_INTERNALS", (hooks, type("Driver", (), {"active": active})))
+    calls = []
+
+    class Launcher:
+        def launch(self, grid, args, meta):
+            calls.append(("launch", args))
+            return device[0], f"kernel for device {device[0]}"
+
+        def run_compiled(self, entry, grid, args, meta, on):
+            calls.append((entry, args))
+
+    kept = _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 16})
+    kept(1)
+    kept(2)
+    device[0] = 1
+    kept(3)
+    kept(4)
+    hooks.launch_enter_hook = lambda metadata: None
+    kept(5)
+    hooks.launch_enter_hook = None
+    with _launch.launching_into_graph():
+        kept(6)
+    assert calls == [
+        ("launch", (1,)), ("kernel for device 0", (2,)),
+        ("launch", (3,)), ("kernel for device 1", (4,)),
+        ("launch", (5,)), ("launch", (6,)),
+    ]  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_each_specialisation_gets_its_own_compiled_kernel():
     # the same size, aligned, then 4 bytes off (no longer 16-byte aligned), then aligned

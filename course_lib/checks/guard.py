@@ -176,6 +176,8 @@ class GuardedArena(TorchFunctionMode):
             return result
         if not isinstance(result, torch.Tensor) or result.numel() == 0 or result.is_sparse:
             return result
+        if result.is_meta:  # a layout worked out, with no memory to write past
+            return result
         name = getattr(func, "__name__", "tensor")
         view, guarded = guarded_empty(
             result.shape,

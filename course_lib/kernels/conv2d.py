@@ -25,13 +25,23 @@ in a loop over smaller ones cost the host more than the whole GPU time (NCHW_TMA
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from course_lib import runtime
 from course_lib.kernels import conv2d_tma
-from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
+from course_lib.kernels._launch import (
+    MAX_KEPT,
+    KeptLaunch,
+    LeanLauncher,
+    cdiv,
+    check_same,
+    into_graph,
+)
 from course_lib.kernels.matmul import grouped_tile
 
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
@@ -211,6 +221,41 @@ def _strides_are(t: torch.Tensor, strides: tuple) -> bool:
     return all(a == b for a, b, n in zip(t.stride(), strides, t.shape) if n > 1)
 
 
+@dataclass
+class _Call:
+    """What conv2d() works out from its arguments before it launches: the output's size
+    and layout, and how to fill it (`run(x, weight, bias, out)`). It depends only on
+    what _signature keeps, so it is kept per signature: in a loop, checking the
+    arguments and choosing the route again cost the host 19 of a call's 44 µs on an
+    H200's host, more than the launch itself."""
+
+    out_shape: tuple
+    memory_format: torch.memory_format
+    run: Callable[..., None]
+
+
+_calls: dict[tuple, _Call] = {}
+
+
+def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple | None:
+    """Everything of a call that conv2d's checks and choices depend on: the shapes,
+    strides, dtypes and devices of the tensors, whether each starts on a 16-byte
+    boundary (Triton specialises on it), the options, and TF32's switch. None where the
+    call is not to be kept: arguments that are not tensors, or tensors being traced into
+    a graph, which have no address."""
+    if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return None
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            return None
+        bias = (bias.shape, bias.stride(), bias.dtype, bias.device, bias.data_ptr() & 15)
+    return (
+        x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
+        weight.shape, weight.stride(), weight.dtype, weight.device, weight.data_ptr() & 15,
+        bias, stride, padding, dilation, groups, torch.backends.cudnn.allow_tf32,
+    )  # fmt: skip
+
+
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -227,6 +272,26 @@ def conv2d(
     channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores when
     torch.backends.cudnn.allow_tf32 is True, as torch's convolutions do.
     """
+    key = _signature(x, weight, bias, stride, padding, dilation, groups)
+    try:
+        call = None if key is None else _calls.get(key)
+    except TypeError:  # stride or padding given as a list: unhashable, checked in full
+        call, key = None, None
+    if call is None:
+        call = _prepare(x, weight, bias, stride, padding, dilation, groups)
+        if key is not None:
+            if len(_calls) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
+                _calls.clear()
+            _calls[key] = call
+    out = torch.empty(call.out_shape, dtype=x.dtype, device=x.device,
+                      memory_format=call.memory_format)  # fmt: skip
+    call.run(x, weight, bias, out)
+    return out
+
+
+def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
+    """conv2d's checks and choices for these arguments (see _Call), with a clear error for
+    anything it does not take."""
     if groups != 1:
         raise NotImplementedError(
             f"conv2d: groups={groups} is not supported; only groups=1 (every output channel "
@@ -256,52 +321,78 @@ def conv2d(
             f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit in the padded "
             f"{H + pt + pb}x{W + pl + pr} input"
         )
-    # the output takes x's memory format
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    # a view's offsets reach as far as its strides take them, whatever its element count
-    # (a contiguous tensor's reach is checked with its size below)
-    if not (x.is_contiguous() or channels_last) and _reach(x) >= 2**31:
-        x = x.contiguous()
-    if _reach(weight) >= 2**31:
-        weight = weight.contiguous()
     if max(C * H * W, O * OH * OW, B * OH * OW, O * C * KH * KW) >= 2**31:
         raise ValueError(
             "conv2d: one image, one output image or the weight has 2^31 elements or more, past "
             "what this kernel's 32-bit offsets address; split the images into tiles"
         )
-    out = torch.empty(
-        (B, O, OH, OW), dtype=x.dtype, device=x.device,
-        memory_format=torch.channels_last if channels_last else torch.contiguous_format,
-    )  # fmt: skip
+    # the output takes x's memory format
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((B, O, OH, OW), device="meta", memory_format=memory_format)
     if out.numel() == 0:
-        return out
+        return _Call(out.shape, memory_format, lambda *_: None)
     if C == 0:
-        return out.zero_() if bias is None else out.copy_(bias[:, None, None].expand_as(out))
-    bias = None if bias is None else bias.contiguous()
-    M = B * OH * OW
+        return _Call(out.shape, memory_format, _bias_only)
+    # a view's offsets reach as far as its strides take them, whatever its element count
+    # (a dense tensor's reach is bounded by the size checks above): copied past 32 bits
+    far_x = not (x.is_contiguous() or channels_last) and _reach(x) >= 2**31
+    far_w = _reach(weight) >= 2**31
+    # what the route is planned for: the copies' layout, on the meta device
+    x_seen = _copied(x) if far_x else x
+    w_seen = _copied(weight) if far_w else weight
+    product = B * OH * OW * O * C * KH * KW
     # on Hopper, stride-1 convolutions go to the TMA kernel (conv2d_tma.py); an NCHW x only in
     # large products, since it is copied channels-last first (see NCHW_TMA_PRODUCT)
-    product = M * O * C * KH * KW
     if (
         product > SMALL_PRODUCT
         and (channels_last or product >= NCHW_TMA_PRODUCT)
         and conv2d_tma.suits(x, weight, stride)
     ):
-        return conv2d_tma.tma_conv2d(x, weight, bias, out, (pt, pl), dilation)
+        out = torch.empty_like(out, dtype=x.dtype)  # the plan reads its strides
+        plan = conv2d_tma.plan(x_seen, w_seen, bias, out, (pt, pl), dilation)
+        route = lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
+    else:
+        route = _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation, product)
+    if far_x or far_w:
+        run = route
+
+        def route(x, w, b, out):
+            run(x.contiguous() if far_x else x, w.contiguous() if far_w else w, b, out)
+
+    return _Call(out.shape, memory_format, route)
+
+
+def _copied(t: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:
+    """What a copy of `t` in this memory format looks like (shape, strides), on the meta
+    device: no memory is taken."""
+    return torch.empty_like(t, device="meta", memory_format=memory_format)
+
+
+def _bias_only(x, weight, bias, out) -> None:
+    """A convolution over no channels: the bias alone, or zeros."""
+    out.zero_() if bias is None else out.copy_(bias[:, None, None].expand_as(out))
+
+
+def _lesson_route(x, weight, bias, out, stride, padding, dilation, product) -> Callable:
+    """How the lesson's kernel runs this convolution: which operands are copied first, and
+    its launch, kept (see KeptLaunch: the call's signature fixes its specialisation)."""
+    (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
     # K's order follows the memory, copied where that costs less: see the module's docstring
     channels_inner = C >= MIN_CHANNELS_INNER
-    if not channels_inner and x.stride(3) != 1:
-        x = x.contiguous()
+    copy_x = not channels_inner and x.stride(3) != 1
+    if copy_x:
+        x = _copied(x)
     # the strides each weight row would have if it were contiguous in K's order
     flat = (KH * KW * C, 1, KW * C, C) if channels_inner else (C * KH * KW, KH * KW, KW, 1)
     w_flat = _strides_are(weight, flat)
-    if weight.numel() > MAX_STRIDED_WEIGHT and not w_flat:
-        weight = weight.permute(0, 2, 3, 1) if channels_inner else weight
-        weight = weight.contiguous()
-        weight = weight.permute(0, 3, 1, 2) if channels_inner else weight
+    copy_w = weight.numel() > MAX_STRIDED_WEIGHT and not w_flat
+    w_format = torch.channels_last if channels_inner else torch.contiguous_format
+    if copy_w:
+        weight = _copied(weight, w_format)
         w_flat = True
     sizes = (B, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
-             *stride, pt, pl, *dilation)  # fmt: skip
+             *stride, *padding, *dilation)  # fmt: skip
     tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
     meta = dict(
         KH=KH, KW=KW, CHANNELS_INNER=channels_inner,
@@ -309,12 +400,21 @@ def conv2d(
         K_DIVISOR=_largest_power_of_2_dividing(C * KH * KW), W_FLAT=w_flat,
         HAS_BIAS=bias is not None, INPUT_PRECISION="tf32" if tf32 else "ieee",
     )  # fmt: skip
-    bias_arg = x if bias is None else bias  # never read without HAS_BIAS
+    M = B * OH * OW
     if runtime.INTERPRETED or product <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(O, config["BLOCK_N"]),)
-        conv2d_launcher[grid](x, weight, bias_arg, out, *sizes, **meta, **config)
+        launch = KeptLaunch(conv2d_launcher, grid, meta | config)
     else:
         grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(O, m["BLOCK_N"]),)
-        conv2d_autotuned_launcher[grid](x, weight, bias_arg, out, *sizes, **meta)
-    return out
+        launch = KeptLaunch(conv2d_autotuned_launcher, grid, meta)
+
+    def run(x, weight, bias, out):
+        if copy_x:
+            x = x.contiguous()
+        if copy_w:
+            weight = weight.contiguous(memory_format=w_format)
+        bias_arg = x if bias is None else bias.contiguous()  # never read without HAS_BIAS
+        launch(x, weight, bias_arg, out, *sizes)
+
+    return run

@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
-from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv
+from course_lib.kernels._launch import MAX_KEPT, KeptLaunch, LeanLauncher, cdiv
 from course_lib.kernels.matmul import grouped_tile
 from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
 
@@ -141,7 +141,7 @@ class _Copy:
 
     shape: tuple
     args: tuple  # C, P and the three strides
-    grid: tuple | None  # None: torch copies
+    launch: KeptLaunch | None  # None: torch copies
 
     @staticmethod
     def of(t: torch.Tensor) -> _Copy:
@@ -151,14 +151,17 @@ class _Copy:
         stride_p = t.stride(3) if W > 1 else t.stride(2)
         P = H * W
         tiles = cdiv(C, COPY_TILE["BLOCK_C"]) * cdiv(P, COPY_TILE["BLOCK_P"])
-        return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), (B * tiles,))
+        launch = KeptLaunch(channels_last_launcher, (B * tiles,), COPY_TILE)
+        return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), launch)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if self.grid is None:
+        """The copy of `t`, which has the layout this copy was worked out for, and a
+        16-byte alignment that does not change between calls (see KeptLaunch)."""
+        if self.launch is None:
             return t.contiguous(memory_format=torch.channels_last)
         dst = torch.empty(self.shape, dtype=t.dtype, device=t.device,
                           memory_format=torch.channels_last)  # fmt: skip
-        channels_last_launcher[self.grid](t, dst, *self.args, **COPY_TILE)
+        self.launch(t, dst, *self.args)
         return dst
 
 
@@ -167,12 +170,17 @@ def channels_last(t: torch.Tensor) -> torch.Tensor:
     return _Copy.of(t)(t)
 
 
+def _boxes(config: dict) -> tuple[list, list, list]:
+    """The boxes of x, the weight and the output that a config's tiles take."""
+    bh, bw, bn, bk = config["BH"], config["BW"], config["BLOCK_N"], config["BLOCK_K"]
+    return [1, bh, bw, bk], [bn, 1, 1, bk], [1, bh, bw, bn]
+
+
 def _set_block_shapes(args: dict) -> None:
     """Make the descriptors' boxes those of the config about to run."""
-    bh, bw, bn, bk = args["BH"], args["BW"], args["BLOCK_N"], args["BLOCK_K"]
-    args["x_desc"].block_shape = [1, bh, bw, bk]
-    args["w_desc"].block_shape = [bn, 1, 1, bk]
-    args["out_desc"].block_shape = [1, bh, bw, bn]
+    boxes = _boxes(args)
+    for name, box in zip(("x_desc", "w_desc", "out_desc"), boxes):
+        args[name].block_shape = box
 
 
 # the sizes and choices a tuned config is kept for
@@ -212,7 +220,8 @@ def suits(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int]) -> boo
 class _Plan:
     """What tma_conv2d works out once per layout of its operands: in a loop, checking
     strides and building the kernel's arguments again on every call cost the host more
-    than the launch itself."""
+    than the launch itself. Called as plan(x, weight, bias, out) on operands of that
+    layout (shapes, strides, dtype, and each one's alignment to 16 bytes)."""
 
     # how x (or the weight) is copied channels-last first; None where the TMA unit reads it
     copy_x: _Copy | None
@@ -222,9 +231,35 @@ class _Plan:
     sizes: tuple  # the kernel's integer arguments
     meta: dict
     grid: Callable[[dict], tuple]
-    # the autotuner's choice, once made: later calls launch the plain kernel with it, with
-    # no pre_hook to run and no autotuner to consult
-    config: dict | None = None
+    # once the autotuner has chosen: the boxes of its config, and the plain kernel's
+    # launch with it, with no pre_hook to run and no autotuner to consult
+    boxes: tuple | None = None
+    launch: KeptLaunch | None = None
+
+    def __call__(self, x, weight, bias, out, config: dict | None = None) -> None:
+        if self.copy_x is not None:
+            x = self.copy_x(x)
+        if self.copy_w is not None:
+            weight = self.copy_w(weight)
+        if config is None and runtime.INTERPRETED:  # nothing to time there
+            config = INTERPRETER_CONFIG
+        if config is not None:
+            boxes = _boxes(config)
+        else:  # the autotuner's pre_hook sets the boxes of each config it tries
+            boxes = self.boxes or ([1, 1, 1, 16],) * 3
+        x_view, w_view, out_view = self.views
+        descs = (_descriptor(x, *x_view, boxes[0]), _descriptor(weight, *w_view, boxes[1]),
+                 _descriptor(out if self.out_desc else x, *out_view, boxes[2]))  # fmt: skip
+        args = (*descs, out if bias is None else bias, out, *self.sizes)
+        if config is not None:
+            tma_conv2d_launcher[self.grid(config)](*args, **self.meta, **config)
+        elif self.launch is not None:
+            self.launch(*args)
+        else:
+            tma_conv2d_autotuned_launcher[self.grid](*args, **self.meta)
+            config = tma_conv2d_autotuned_launcher.config
+            self.boxes = _boxes(config)
+            self.launch = KeptLaunch(tma_conv2d_launcher, self.grid(config), self.meta | config)
 
 
 # plans by the operands' layout (see tma_conv2d)
@@ -257,9 +292,11 @@ def _copy_plan(t: torch.Tensor) -> _Copy | None:
     return None if _box_rules_kept(t) else _Copy.of(t)
 
 
-def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-          padding: tuple[int, int], dilation: tuple[int, int]) -> _Plan:  # fmt: skip
-    """What tma_conv2d does for operands of this layout, worked out from their strides."""
+def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+         padding: tuple[int, int], dilation: tuple[int, int]) -> _Plan:  # fmt: skip
+    """What tma_conv2d does for operands of this layout, worked out from their shapes,
+    strides, dtype and alignment (any of them may be on the meta device, whose tensors
+    count as aligned): a plan that a caller keyed on those may keep and call."""
     copy_x, copy_w = _copy_plan(x), _copy_plan(weight)
     out_desc = _box_rules_kept(out)
     # the shapes and strides of the copies, on the meta device: no memory is taken
@@ -276,13 +313,12 @@ def _plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out:
     return _Plan(copy_x, copy_w, views, out_desc, sizes, meta, grid)
 
 
-def _descriptor(t: torch.Tensor, shape: list, strides: list) -> TensorDescriptor:
+def _descriptor(t: torch.Tensor, shape: list, strides: list, box: list) -> TensorDescriptor:
     """A descriptor over `t` seen with this shape and these strides, which follow the TMA
-    unit's rules (_plan checked them), without checking them again on every call. The box
-    is set by _set_block_shapes."""
+    unit's rules (plan checked them), without checking them again on every call."""
     desc = object.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides = t, shape, strides
-    desc.block_shape, desc.padding = [1, 1, 1, 16], "zero"
+    desc.block_shape, desc.padding = box, "zero"
     return desc
 
 
@@ -295,30 +331,14 @@ def tma_conv2d(
     kernel takes; autotuned on a GPU, or with `config` (BH, BW, BLOCK_N, BLOCK_K, GROUP_M,
     optionally num_warps and num_stages). x and the weight are copied channels-last where
     they are not; out may have any layout, and bias must be contiguous. Shapes are not
-    checked here: conv2d checks them."""
+    checked here: conv2d checks them, and keeps its plan itself."""
     key = (x.shape, x.stride(), weight.shape, weight.stride(), out.shape, out.stride(), x.dtype,
            x.data_ptr() % 16, weight.data_ptr() % 16, out.data_ptr() % 16, bias is None,
            padding, dilation)  # fmt: skip
-    plan = _plans.get(key)
-    if plan is None:
+    kept = _plans.get(key)
+    if kept is None:
         if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
             _plans.clear()
-        plan = _plans[key] = _plan(x, weight, bias, out, padding, dilation)
-    if plan.copy_x is not None:
-        x = plan.copy_x(x)
-    if plan.copy_w is not None:
-        weight = plan.copy_w(weight)
-    (x_view, w_view, out_view) = plan.views
-    descs = (_descriptor(x, *x_view), _descriptor(weight, *w_view),
-             _descriptor(out if plan.out_desc else x, *out_view))  # fmt: skip
-    args = (*descs, out if bias is None else bias, out, *plan.sizes)
-    if config is None and runtime.INTERPRETED:  # nothing to time there
-        config = INTERPRETER_CONFIG
-    config = config or plan.config
-    if config is None:
-        tma_conv2d_autotuned_launcher[plan.grid](*args, **plan.meta)
-        plan.config = tma_conv2d_autotuned_launcher.config
-    else:
-        _set_block_shapes(dict(zip(("x_desc", "w_desc", "out_desc"), descs)) | config)
-        tma_conv2d_launcher[plan.grid(config)](*args, **plan.meta, **config)
+        kept = _plans[key] = plan(x, weight, bias, out, padding, dilation)
+    kept(x, weight, bias, out, config)
     return out

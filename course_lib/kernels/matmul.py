@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
-from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
+from course_lib.kernels._launch import KeptLaunch, LeanLauncher, cdiv, check_same
 
 # In the interpreter one small configuration, timing means nothing there.
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
@@ -197,16 +197,19 @@ def lesson_launch(a, b, c, activation: str | None, tf32: bool):
 
 def tiled_launch(plain: LeanLauncher, tuned: LeanLauncher, a, b, c, meta: dict):
     """The launch, as a function of (a, b, c), of a kernel with matmul_kernel's parameters
-    for operands laid out like a, b and c: `plain` with one modest tile for small products,
-    `tuned`, its autotuned twin, for the others."""
+    for operands laid out like a, b and c, each as far from a 16-byte boundary as these:
+    `plain` with one modest tile for small products, `tuned`, its autotuned twin, for the
+    others. It keeps the compiled kernel it launches (see KeptLaunch)."""
     (M, K), N = a.shape, b.shape[1]
     sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
-        return lambda a, b, c: plain[grid](a, b, c, *sizes, **config, **meta)
-    grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
-    return lambda a, b, c: tuned[grid](a, b, c, *sizes, **meta)
+        launch = KeptLaunch(plain, grid, config | meta)
+    else:
+        grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
+        launch = KeptLaunch(tuned, grid, meta)
+    return lambda a, b, c: launch(a, b, c, *sizes)
 
 
 # the expert paths and the routes kept per layout; last, for they build on this module

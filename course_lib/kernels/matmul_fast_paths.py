@@ -24,7 +24,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.interpreter_guard import span
-from course_lib.kernels._launch import MAX_KEPT, LeanLauncher, cdiv, into_graph, tuned_config
+from course_lib.kernels._launch import (
+    MAX_KEPT,
+    KeptLaunch,
+    LeanLauncher,
+    cdiv,
+    into_graph,
+    tuned_config,
+)
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_PRODUCT,
@@ -79,8 +86,8 @@ class Route:
     launch that follows, a function of (a, b, c) found by first_call."""
 
     shape: tuple[int, int]  # C's
-    copy_a: int | None
-    copy_b: int | None
+    copy_a: PaddedCopy | None
+    copy_b: PaddedCopy | None
     launch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -90,9 +97,9 @@ class Route:
 
     def copied(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.copy_a is not None:
-            a = padded_copy(a, self.copy_a)
+            a = self.copy_a(a)
         if self.copy_b is not None:
-            b = padded_copy(b, self.copy_b)
+            b = self.copy_b(b)
         return a, b
 
 
@@ -135,7 +142,12 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
     kernel takes the rest."""
     layout, tf32 = _layout(a, b, activation), _tf32(a)
     M, N = a.shape[0], b.shape[1]
-    route = Route((M, N), _copy_axis(a, 1 if tf32 else None), _copy_axis(b))
+    axis_a, axis_b = _copy_axis(a, 1 if tf32 else None), _copy_axis(b)
+    route = Route(
+        (M, N),
+        None if axis_a is None else PaddedCopy.of(a, axis_a),
+        None if axis_b is None else PaddedCopy.of(b, axis_b),
+    )
     a, b = route.copied(a, b)
     c = a.new_empty((M, N))
     route.launch = _expert_launch(a, b, c, activation, tf32) or lesson_launch(
@@ -455,8 +467,10 @@ def _tma_launch_for(
     a, b, c, activation: str, precision: str, config: dict | None, has_bias: bool = False
 ) -> Callable:
     """tma_matmul without its checks, for operands laid out like a, b and c: a function of
-    (a, b, c, bias=None) that builds the three descriptors and launches; while tracing
-    into a graph, one that launches the kernel building them on the GPU."""
+    (a, b, c, bias=None) that builds the three descriptors and launches, and keeps the
+    compiled kernel it launches for its next calls (see KeptLaunch: a bias, if any, is as
+    far from a 16-byte boundary on each call); while tracing into a graph, one that
+    launches the kernel building them on the GPU."""
     a_m_major, b_k_major = _column_major(a), _column_major(b)
     (M, K), N = a.shape, c.shape[1]
     num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
@@ -471,8 +485,9 @@ def _tma_launch_for(
         return functools.partial(
             _launch_in_graph, grid=grid, config=config, meta=meta, strides=strides
         )
-    launcher = tma_autotuned_launcher[grid] if config is None else tma_launcher[grid(config)]
     meta = (meta if config is None else config | meta) | {"DEVICE_DESCRIPTORS": False}
+    launcher = KeptLaunch(*((tma_autotuned_launcher, grid) if config is None else
+                            (tma_launcher, grid(config))), meta)  # fmt: skip
 
     def launch(a, b, c, bias=None):
         descs = {
@@ -482,7 +497,7 @@ def _tma_launch_for(
         }
         if config is not None:  # the autotuner's pre_hook does this for each config it runs
             _set_block_shapes(descs | meta)
-        launcher(*descs.values(), c if bias is None else bias, M, N, K, *strides, **meta)
+        launcher(*descs.values(), c if bias is None else bias, M, N, K, *strides)
 
     return launch
 
@@ -548,22 +563,42 @@ def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
     """A copy of the 2-D `t` with `contiguous_axis` contiguous and the other axis's stride
     rounded up to a multiple of 16 elements. Refused, before anything is allocated, where
     the padding takes the copy to 2^31 elements or more: the kernel's offsets are 32-bit."""
-    src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
-    rows, cols = src.shape
-    padded_cols = cdiv(cols, 16) * 16
-    if span((rows, cols), (padded_cols, 1)) >= 2**31:
-        raise ValueError(
-            f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
-            "more once its rows are padded to a multiple of 16 elements, past what this "
-            "kernel's 32-bit offsets address; split the product into blocks of rows"
-        )
-    copy = t.new_empty((rows, padded_cols))[:, :cols]
-    tiles_r, tiles_c = cdiv(rows, COPY_BLOCK), cdiv(cols, COPY_BLOCK)
-    if copy.numel() > 0:
-        copy_launcher[(tiles_r * tiles_c,)](
-            src, copy, rows, cols, *src.stride(), *copy.stride(), tiles_c, BLOCK=COPY_BLOCK
-        )
-    return copy if contiguous_axis == 1 else copy.t()
+    return PaddedCopy.of(t, contiguous_axis)(t)
+
+
+@dataclass
+class PaddedCopy:
+    """padded_copy worked out for one layout of `t` (shape, strides, dtype and alignment),
+    to be kept by a Route and called on operands laid out alike."""
+
+    shape: tuple[int, int]  # the copy's, its contiguous axis last, rows padded
+    cols: int
+    transposed: bool  # the contiguous axis is axis 0 of t
+    launch: KeptLaunch | None  # None: nothing to copy
+    sizes: tuple
+
+    @staticmethod
+    def of(t: torch.Tensor, contiguous_axis: int) -> PaddedCopy:
+        src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
+        rows, cols = src.shape
+        padded_cols = cdiv(cols, 16) * 16
+        if span((rows, cols), (padded_cols, 1)) >= 2**31:
+            raise ValueError(
+                f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
+                "more once its rows are padded to a multiple of 16 elements, past what this "
+                "kernel's 32-bit offsets address; split the product into blocks of rows"
+            )
+        tiles_r, tiles_c = cdiv(rows, COPY_BLOCK), cdiv(cols, COPY_BLOCK)
+        grid = (tiles_r * tiles_c,)
+        launch = KeptLaunch(copy_launcher, grid, {"BLOCK": COPY_BLOCK}) if rows * cols else None
+        sizes = (rows, cols, *src.stride(), padded_cols, 1, tiles_c)
+        return PaddedCopy((rows, padded_cols), cols, contiguous_axis == 0, launch, sizes)
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        copy = t.new_empty(self.shape)[:, : self.cols]
+        if self.launch is not None:
+            self.launch(t.t() if self.transposed else t, copy, *self.sizes)
+        return copy.t() if self.transposed else copy
 
 
 @triton.jit
