@@ -302,7 +302,7 @@ class KeptLaunch:
     (the tensors' dtypes and 16-byte alignment, the integers' values): every call's
     arguments then share the first call's specialisation, and from the second call on
     it goes straight to the compiled kernel that call kept, with no look-up of its key
-    (about 4 µs of a 15 µs launch, on an H200's host). A plan keyed on less than that
+    (a few µs of a 15 µs launch on an H200's host). A plan keyed on less than that
     would launch a kernel specialised for other arguments: keep one only where the key
     says so."""
 

@@ -158,10 +158,10 @@ def conv2d_kernel(
 SMALL_PRODUCT = 256**3
 # An NCHW x reaches the TMA kernel through channels-last copies of x and the weight: two
 # launches more per call. On an H200, on ResNet's 3x3 layers at batch 32 (3.7e9
-# multiply-adds), that route took 0.70-0.85 of the GPU time of this kernel reading x in
-# place (33-48 against 40-58 µs), but cost the host 119-140 µs a call against 55-69, more
-# than either's GPU time: in a loop it ran at half the speed. Scaled from those figures,
-# from 2^34 multiply-adds on either route's GPU time exceeds that host cost, and decides.
+# multiply-adds), that route cost the host 55-100 µs a call against 25-47 for this kernel
+# reading x in place, more than either's GPU time (36-58 µs): timed with do_bench it ran at
+# 0.41-0.78 of cuDNN, where reading in place ran at 0.69-1.03. At batch 256 on the 28x28
+# layer (3.0e10) the GPU's time decides: 1.05 of cuDNN copied, 0.79 in place.
 NCHW_TMA_PRODUCT = 2**34
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
