@@ -111,6 +111,17 @@ def test_arena_serves_guarded_poisoned_tensors_with_the_requested_layout():
     assert buf.stray_writes() == (1, 1)
 
 
+def test_arena_starts_tensors_as_aligned_as_torch_does_and_leaves_meta_ones_alone():
+    # launchers may keep kernels specialised for aligned outputs (KeptLaunch): a guard of
+    # any length would start the tensor anywhere
+    with GuardedArena() as arena:
+        odd = torch.empty(70_001, dtype=torch.float16)  # guard as long as the tensor
+        layout = torch.empty(3, 5, device="meta")
+    (guarded,) = arena.buffers
+    assert (odd.data_ptr() - guarded.buffer.data_ptr()) % 256 == 0
+    assert layout.is_meta and arena.owner(odd) is guarded
+
+
 def test_guarded_copy_keeps_values():
     x = torch.randn(33)
     view, buf = guarded_copy(x, "x")

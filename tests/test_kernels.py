@@ -591,6 +591,7 @@ def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
     # past MAX_STRIDED_WEIGHT a weight whose rows are not in K's order is copied first;
     # a limit of 0 sends every weight of this test through that path
     monkeypatch.setattr(conv2d, "MAX_STRIDED_WEIGHT", 0)
+    monkeypatch.setattr(conv2d, "_calls", {})  # routes chosen with the old limit go
     x = torch.randn(2, 20, 7, 6, device=DEVICE)
     for x_format, w_format in [(torch.contiguous_format, torch.channels_last),
                                (torch.channels_last, torch.contiguous_format)]:  # fmt: skip
@@ -755,10 +756,19 @@ def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
         expected = torch.nn.functional.conv2d(x, weight, bias, stride, padding)
         torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
         assert len(prepared) == expected_prepared, (x.stride(), stride, padding)
-    # a call that fails its checks is kept by no one: it fails again, the same way
+    # the bias's alignment and TF32's switch are part of the signature too
+    offset_bias = torch.randn(9, device=DEVICE)[1:]
+    conv2d.conv2d(aligned, weight, offset_bias, 1, 1)
+    with torch.backends.cudnn.flags(allow_tf32=not torch.backends.cudnn.allow_tf32):
+        conv2d.conv2d(aligned, weight, bias, 1, 1)
+    assert len(prepared) == 9
+    # a call that fails its checks is kept by no one: it fails again, the same way, and a
+    # float option equal to a kept int one is refused as on a first call
     for _ in range(2):
         with pytest.raises(ValueError, match="bias must have shape"):
             conv2d.conv2d(aligned, weight, bias[:4], 1, 1)
+        with pytest.raises(TypeError, match="stride must be an int or a pair"):
+            conv2d.conv2d(aligned, weight, bias, 1.0, 1)
 
 
 def test_conv2d_measures_a_view_by_how_far_its_strides_reach():

@@ -87,6 +87,8 @@ def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
     class Launcher:
         def launch(self, grid, args, meta):
             calls.append(("launch", args))
+            if hooks.launch_enter_hook is not None or _launch._into_graph:
+                return None  # launched as Triton launches, nothing kept
             return device[0], f"kernel for device {device[0]}"
 
         def run_compiled(self, entry, grid, args, meta, on):
@@ -103,10 +105,12 @@ def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
     hooks.launch_enter_hook = None
     with _launch.launching_into_graph():
         kept(6)
+    kept(7)
+    kept(8)
     assert calls == [
         ("launch", (1,)), ("kernel for device 0", (2,)),
         ("launch", (3,)), ("kernel for device 1", (4,)),
-        ("launch", (5,)), ("launch", (6,)),
+        ("launch", (5,)), ("launch", (6,)), ("launch", (7,)), ("kernel for device 1", (8,)),
     ]  # fmt: skip
 
 

@@ -107,6 +107,10 @@ def guarded_empty(
     """A poisoned tensor of the given layout inside a poisoned, guarded buffer."""
     span = storage_span(shape, stride)
     guard = min(max(span, GUARD_MIN), GUARD_MAX)
+    # a whole number of 256-byte units: the tensor starts as aligned as torch's allocator
+    # would start it, which launchers and the kernels they keep may count on
+    unit = max(1, 256 // dtype.itemsize)
+    guard = -(-guard // unit) * unit
     buffer = torch.empty(guard + span + guard, dtype=dtype, device=device)
     poison_(buffer, input_guard)
     view = buffer.as_strided(shape, stride, guard)

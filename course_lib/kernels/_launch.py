@@ -194,11 +194,16 @@ class LeanLauncher:
     def __getitem__(self, grid):
         if callable(grid) and not self.tuned:
             raise TypeError(f"{self.jit.__name__}: give a plain kernel's grid as a tuple")
-        return lambda *args, **meta: self.launch(grid, args, meta)
+
+        def launch(*args, **meta) -> None:
+            self.launch(grid, args, meta)
+
+        return launch
 
     def launch(self, grid, args: tuple, meta: dict) -> tuple[int, _Compiled] | None:
-        """Launch as `kernel[grid](*args, **meta)` would; return the device and the kept
-        compiled kernel it launched (see KeptLaunch), or None where Triton launched it."""
+        """Launch as `kernel[grid](*args, **meta)` would; return the device and the
+        compiled kernel kept for these arguments (see KeptLaunch), or None where none is
+        kept (the interpreter, a profiler listening, a graph being recorded)."""
         if _into_graph:
             self._launch_into_graph(grid, args, meta)
             return None
@@ -304,7 +309,8 @@ class KeptLaunch:
     it goes straight to the compiled kernel that call kept, with no look-up of its key
     (a few µs of a 15 µs launch on an H200's host). A plan keyed on less than that
     would launch a kernel specialised for other arguments: keep one only where the key
-    says so."""
+    says so. Tensors the caller allocates itself count as aligned: torch's allocator
+    (and the checkers' guarded arena) start every tensor on a 256-byte boundary."""
 
     def __init__(self, launcher: LeanLauncher, grid, meta: dict):
         self.launcher, self.grid, self.meta = launcher, grid, meta

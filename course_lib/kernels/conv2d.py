@@ -161,7 +161,9 @@ SMALL_PRODUCT = 256**3
 # multiply-adds), that route cost the host 55-100 µs a call against 25-47 for this kernel
 # reading x in place, more than either's GPU time (36-58 µs): timed with do_bench it ran at
 # 0.41-0.78 of cuDNN, where reading in place ran at 0.69-1.03. At batch 256 on the 28x28
-# layer (3.0e10) the GPU's time decides: 1.05 of cuDNN copied, 0.79 in place.
+# layer (3.0e10) the GPU's time decides: 1.05 of cuDNN copied, 0.79 in place. At batch 64
+# (7.4e9) the copy route already won under do_bench (54 against 68 µs), with its host cost
+# as large as its GPU time; hosts differ about 2x between machines, hence a margin: 2^34.
 NCHW_TMA_PRODUCT = 2**34
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
@@ -184,7 +186,10 @@ def _pair(value, name: str) -> tuple[int, int]:
     """An int or a pair of ints, as a pair; a clear error for anything else."""
     if type(value) is int:  # the usual case, at the least host cost
         return value, value
-    pair = (value, value) if isinstance(value, int) else tuple(value)
+    try:
+        pair = (value, value) if isinstance(value, int) else tuple(value)
+    except TypeError:  # a float, say
+        pair = ()
     if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
         raise TypeError(f"conv2d: {name} must be an int or a pair of ints, got {value!r}")
     return pair
@@ -225,9 +230,10 @@ def _strides_are(t: torch.Tensor, strides: tuple) -> bool:
 class _Call:
     """What conv2d() works out from its arguments before it launches: the output's size
     and layout, and how to fill it (`run(x, weight, bias, out)`). It depends only on
-    what _signature keeps, so it is kept per signature: in a loop, checking the
-    arguments and choosing the route again cost the host 19 of a call's 44 µs on an
-    H200's host, more than the launch itself."""
+    what _signature keeps (and on this module's constants, so a change to one of those
+    takes effect for new signatures only), so it is kept per signature: in a loop,
+    checking the arguments and choosing the route again cost the host 19 of a call's 44 µs
+    on an H200's host, more than the launch itself."""
 
     out_shape: tuple
     memory_format: torch.memory_format
@@ -241,9 +247,12 @@ def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple | No
     """Everything of a call that conv2d's checks and choices depend on: the shapes,
     strides, dtypes and devices of the tensors, whether each starts on a 16-byte
     boundary (Triton specialises on it), the options, and TF32's switch. None where the
-    call is not to be kept: arguments that are not tensors, or tensors being traced into
-    a graph, which have no address."""
+    call is not to be kept: arguments that are not tensors, tensors being traced into a
+    graph, which have no address, or options other than ints, strings and tuples of ints
+    (1.0 == 1 as a key, but a first call refuses a float)."""
     if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return None
+    if not all(map(_plain_option, (stride, padding, dilation, groups))):
         return None
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
@@ -254,6 +263,12 @@ def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple | No
         weight.shape, weight.stride(), weight.dtype, weight.device, weight.data_ptr() & 15,
         bias, stride, padding, dilation, groups, torch.backends.cudnn.allow_tf32,
     )  # fmt: skip
+
+
+def _plain_option(value) -> bool:
+    return type(value) in (int, str) or (
+        type(value) is tuple and all(type(v) is int for v in value)
+    )
 
 
 def conv2d(
@@ -273,10 +288,7 @@ def conv2d(
     torch.backends.cudnn.allow_tf32 is True, as torch's convolutions do.
     """
     key = _signature(x, weight, bias, stride, padding, dilation, groups)
-    try:
-        call = None if key is None else _calls.get(key)
-    except TypeError:  # stride or padding given as a list: unhashable, checked in full
-        call, key = None, None
+    call = None if key is None else _calls.get(key)
     if call is None:
         call = _prepare(x, weight, bias, stride, padding, dilation, groups)
         if key is not None:

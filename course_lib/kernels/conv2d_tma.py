@@ -221,7 +221,7 @@ class _Plan:
     """What tma_conv2d works out once per layout of its operands: in a loop, checking
     strides and building the kernel's arguments again on every call cost the host more
     than the launch itself. Called as plan(x, weight, bias, out) on operands of that
-    layout (shapes, strides, dtype, and each one's alignment to 16 bytes)."""
+    layout (shapes, strides, dtype, and each one's alignment to 16 bytes, the bias's too)."""
 
     # how x (or the weight) is copied channels-last first; None where the TMA unit reads it
     copy_x: _Copy | None
@@ -232,9 +232,9 @@ class _Plan:
     meta: dict
     grid: Callable[[dict], tuple]
     # once the autotuner has chosen: the boxes of its config, and the plain kernel's
-    # launch with it, with no pre_hook to run and no autotuner to consult
-    boxes: tuple | None = None
-    launch: KeptLaunch | None = None
+    # launch with it, with no pre_hook to run and no autotuner to consult (one attribute,
+    # set once: a thread never sees the launch without its boxes)
+    kept: tuple[tuple, KeptLaunch] | None = None
 
     def __call__(self, x, weight, bias, out, config: dict | None = None) -> None:
         if self.copy_x is not None:
@@ -243,23 +243,26 @@ class _Plan:
             weight = self.copy_w(weight)
         if config is None and runtime.INTERPRETED:  # nothing to time there
             config = INTERPRETER_CONFIG
+        kept = self.kept
         if config is not None:
             boxes = _boxes(config)
+        elif kept is not None:
+            boxes = kept[0]
         else:  # the autotuner's pre_hook sets the boxes of each config it tries
-            boxes = self.boxes or ([1, 1, 1, 16],) * 3
+            boxes = ([1, 1, 1, 16],) * 3
         x_view, w_view, out_view = self.views
         descs = (_descriptor(x, *x_view, boxes[0]), _descriptor(weight, *w_view, boxes[1]),
                  _descriptor(out if self.out_desc else x, *out_view, boxes[2]))  # fmt: skip
         args = (*descs, out if bias is None else bias, out, *self.sizes)
         if config is not None:
             tma_conv2d_launcher[self.grid(config)](*args, **self.meta, **config)
-        elif self.launch is not None:
-            self.launch(*args)
+        elif kept is not None:
+            kept[1](*args)
         else:
             tma_conv2d_autotuned_launcher[self.grid](*args, **self.meta)
             config = tma_conv2d_autotuned_launcher.config
-            self.boxes = _boxes(config)
-            self.launch = KeptLaunch(tma_conv2d_launcher, self.grid(config), self.meta | config)
+            launch = KeptLaunch(tma_conv2d_launcher, self.grid(config), self.meta | config)
+            self.kept = _boxes(config), launch
 
 
 # plans by the operands' layout (see tma_conv2d)
@@ -333,8 +336,8 @@ def tma_conv2d(
     they are not; out may have any layout, and bias must be contiguous. Shapes are not
     checked here: conv2d checks them, and keeps its plan itself."""
     key = (x.shape, x.stride(), weight.shape, weight.stride(), out.shape, out.stride(), x.dtype,
-           x.data_ptr() % 16, weight.data_ptr() % 16, out.data_ptr() % 16, bias is None,
-           padding, dilation)  # fmt: skip
+           x.data_ptr() % 16, weight.data_ptr() % 16, out.data_ptr() % 16,
+           None if bias is None else bias.data_ptr() % 16, padding, dilation)  # fmt: skip
     kept = _plans.get(key)
     if kept is None:
         if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh

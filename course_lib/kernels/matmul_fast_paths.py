@@ -485,9 +485,10 @@ def _tma_launch_for(
         return functools.partial(
             _launch_in_graph, grid=grid, config=config, meta=meta, strides=strides
         )
-    meta = (meta if config is None else config | meta) | {"DEVICE_DESCRIPTORS": False}
-    launcher = KeptLaunch(*((tma_autotuned_launcher, grid) if config is None else
-                            (tma_launcher, grid(config))), meta)  # fmt: skip
+    meta |= {"DEVICE_DESCRIPTORS": False}
+    # the plain kernel's launch with the config given, or with the autotuner's choice once
+    # made: no pre_hook to run and no autotuner to consult on the later calls
+    kept = [None if config is None else _plain_tma_launch(grid, config | meta)]
 
     def launch(a, b, c, bias=None):
         descs = {
@@ -495,11 +496,20 @@ def _tma_launch_for(
             "b_desc": _descriptor(b.t() if b_k_major else b),
             "c_desc": _descriptor(c),
         }
-        if config is not None:  # the autotuner's pre_hook does this for each config it runs
-            _set_block_shapes(descs | meta)
-        launcher(*descs.values(), c if bias is None else bias, M, N, K, *strides)
+        args = (*descs.values(), c if bias is None else bias, M, N, K, *strides)
+        if kept[0] is None:  # the autotuner's pre_hook sets the tiles of each config it runs
+            tma_autotuned_launcher[grid](*args, **meta)
+            kept[0] = _plain_tma_launch(grid, tma_autotuned_launcher.config | meta)
+            return
+        chosen, plain = kept[0]
+        _set_block_shapes(descs | chosen)
+        plain(*args)
 
     return launch
+
+
+def _plain_tma_launch(grid, chosen: dict) -> tuple[dict, KeptLaunch]:
+    return chosen, KeptLaunch(tma_launcher, grid(chosen), chosen)
 
 
 def _launch_in_graph(
