@@ -295,6 +295,15 @@ class LeanLauncher:
         )  # fmt: skip
 
 
+def layout(t: torch.Tensor | None) -> tuple | None:
+    """What a plan kept with a KeptLaunch must key on for one tensor (None for None):
+    its shape, strides, dtype and device, and whether it starts on a 16-byte boundary,
+    which Triton specialises on."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
 def _profiler_listens() -> bool:
     knobs = _INTERNALS[0]
     enter, exit_ = knobs.launch_enter_hook, knobs.launch_exit_hook
@@ -304,7 +313,7 @@ def _profiler_listens() -> bool:
 class KeptLaunch:
     """`launcher[grid](*args, **meta)` with the grid and meta fixed, for a caller that
     keeps it in a plan of its own, keyed on everything the kernel is specialised for
-    (the tensors' dtypes and 16-byte alignment, the integers' values): every call's
+    (each tensor's `layout`, the integers' values): every call's
     arguments then share the first call's specialisation, and from the second call on
     it goes straight to the compiled kernel that call kept, with no look-up of its key
     (a few µs of a 15 µs launch on an H200's host). A plan keyed on less than that
@@ -318,11 +327,13 @@ class KeptLaunch:
 
     def __call__(self, *args) -> None:
         kept = self.kept
-        if kept is None or _into_graph or _profiler_listens():
-            self.kept = self.launcher.launch(self.grid, args, self.meta)
-            return
-        device = _INTERNALS[1].active.get_current_device()
-        if device != kept[0]:  # compiled for another device's context
+        if (
+            kept is None
+            or _into_graph
+            or _profiler_listens()
+            # a kernel compiled for another device's context
+            or (device := _INTERNALS[1].active.get_current_device()) != kept[0]
+        ):
             self.kept = self.launcher.launch(self.grid, args, self.meta)
             return
         self.launcher.run_compiled(kept[1], self.grid, args, self.meta, device)

@@ -41,6 +41,7 @@ from course_lib.kernels._launch import (
     cdiv,
     check_same,
     into_graph,
+    layout,
 )
 from course_lib.kernels.matmul import grouped_tile
 
@@ -254,14 +255,11 @@ def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple | No
         return None
     if not all(map(_plain_option, (stride, padding, dilation, groups))):
         return None
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor):
-            return None
-        bias = (bias.shape, bias.stride(), bias.dtype, bias.device, bias.data_ptr() & 15)
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return None
     return (
-        x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
-        weight.shape, weight.stride(), weight.dtype, weight.device, weight.data_ptr() & 15,
-        bias, stride, padding, dilation, groups, torch.backends.cudnn.allow_tf32,
+        layout(x), layout(weight), layout(bias), stride, padding, dilation, groups,
+        torch.backends.cudnn.allow_tf32,
     )  # fmt: skip
 
 

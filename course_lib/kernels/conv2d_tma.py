@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
-from course_lib.kernels._launch import MAX_KEPT, KeptLaunch, LeanLauncher, cdiv
+from course_lib.kernels._launch import MAX_KEPT, KeptLaunch, LeanLauncher, cdiv, layout
 from course_lib.kernels.matmul import grouped_tile
 from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
 
@@ -335,9 +335,7 @@ def tma_conv2d(
     optionally num_warps and num_stages). x and the weight are copied channels-last where
     they are not; out may have any layout, and bias must be contiguous. Shapes are not
     checked here: conv2d checks them, and keeps its plan itself."""
-    key = (x.shape, x.stride(), weight.shape, weight.stride(), out.shape, out.stride(), x.dtype,
-           x.data_ptr() % 16, weight.data_ptr() % 16, out.data_ptr() % 16,
-           None if bias is None else bias.data_ptr() % 16, padding, dilation)  # fmt: skip
+    key = (layout(x), layout(weight), layout(bias), layout(out), padding, dilation)
     kept = _plans.get(key)
     if kept is None:
         if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh

@@ -30,6 +30,7 @@ from course_lib.kernels._launch import (
     LeanLauncher,
     cdiv,
     into_graph,
+    layout,
     tuned_config,
 )
 from course_lib.kernels.matmul import (
@@ -122,10 +123,7 @@ def _layout(a, b, activation) -> tuple | None:
     tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
     if not tensors or activation not in (None, "relu") or into_graph():
         return None
-    return (
-        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-        a.data_ptr() & 15, b.data_ptr() & 15, activation, _tf32(a),
-    )  # fmt: skip
+    return layout(a), layout(b), activation, _tf32(a)
 
 
 def _tf32(a: torch.Tensor) -> bool:
