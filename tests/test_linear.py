@@ -209,3 +209,40 @@ def test_linear_refuses_sizes_past_32_bit_offsets():
     weight = torch.empty(8, 2**15, device="meta")
     with pytest.raises(ValueError, match="2\\^31 elements or more"):
         linear(x, weight)
+
+
+def test_linear_checks_each_signature_of_its_arguments_once(monkeypatch):
+    # a call laid out like an earlier one (shapes, strides, dtypes, devices, alignments,
+    # activation) reuses the plan that call made; anything else gets a plan of its own
+    checked = []
+    check = finished._check
+    monkeypatch.setattr(finished, "_plans", {})
+    monkeypatch.setattr(finished, "_check", lambda *a: checked.append(a) or check(*a))
+    storage = torch.randn(6 * 45 + 4, device=DEVICE)
+    _, weight, bias, _ = _layer((6, 45), 29)
+    aligned = storage[:-4].view(6, 45)
+    misaligned = storage[1:-3].view(6, 45)  # 4 bytes off a 16-byte boundary
+    for x, activation, expected_checked in [
+        (aligned, "gelu", 1),
+        (aligned * 2, "gelu", 1),  # other values, same signature
+        (misaligned, "gelu", 2),
+        (aligned, "relu", 3),
+        (aligned.t().contiguous().t(), "relu", 4),  # other strides
+        (aligned.view(2, 3, 45), "relu", 5),  # other leading dimensions
+        (aligned.view(2, 3, 45), "relu", 5),
+    ]:
+        got = linear(x, weight, bias, activation)
+        z = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+        expected = torch.relu(z) if activation == "relu" else torch.nn.functional.gelu(z)
+        _assert_close(got, expected.float(), 45)
+        assert len(checked) == expected_checked, (x.shape, x.stride(), activation)
+    # a tracked call uses the same plan, and its forward keeps gelu's input as well
+    leaves = [t.detach().requires_grad_() for t in (aligned, weight, bias)]
+    grads = torch.autograd.grad(linear(*leaves, "gelu"), leaves, torch.ones(6, 29, device=DEVICE))
+    assert len(checked) == 5 and all(g is not None for g in grads)
+    # a call that fails its checks is kept by no one: it fails again, the same way
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"bias must be \[out_features\]"):
+            linear(aligned, weight, bias[:4])
+        with pytest.raises(ValueError, match="activation must be one of"):
+            linear(aligned, weight, bias, "tanh")

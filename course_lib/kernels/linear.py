@@ -12,6 +12,7 @@ that multiplies it by the activation's slope and sums it over the rows for grad_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -20,7 +21,14 @@ from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
 from course_lib.kernels import matmul_fast_paths as fast
-from course_lib.kernels._launch import LeanLauncher, cdiv
+from course_lib.kernels._launch import (
+    MAX_KEPT,
+    KeptLaunch,
+    LeanLauncher,
+    cdiv,
+    into_graph,
+    layout,
+)
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
     SMALL_CONFIG,
@@ -131,48 +139,55 @@ def _accumulator(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def product(
-    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-    activation: str | None = None, save_z: bool = False, out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """(activation(a @ b + bias), a @ b + bias where save_z else None) for a [M, K] and
-    b [K, N] of any strides: new contiguous [M, N] tensors, the first `out` where given
-    (contiguous); arguments already checked.
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for a [M, K] and b [K, N] of any strides, arguments already checked: a new
+    contiguous [M, N] tensor. 16- and 32-bit operands go to lesson 05's finished `matmul`,
+    with its expert paths; float64 ones (gradcheck's) to linear_kernel."""
+    if a.dtype != torch.float64:
+        return matmul(a, b)
+    c = a.new_empty((a.shape[0], b.shape[1]))
+    _route(a, b, c, None, None, save_z=False)(a, b, c, None, None)
+    return c
 
-    A plain product of 16- or 32-bit operands goes to lesson 05's finished `matmul`, with
-    its expert paths; on the GPUs that have it, a large one with a bias or an activation
-    to its persistent TMA kernel, whose epilogue adds them; the rest to linear_kernel."""
+
+def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
+    """How to fill c = activation(a @ b + bias), and z = a @ b + bias where save_z, for
+    a [M, K], b [K, N] and bias [N] or None laid out like these, c and z new contiguous
+    [M, N] tensors: a function of (a, b, c, bias, z), its launch kept (see KeptLaunch:
+    a call laid out like this one shares its specialisation). On the GPUs that have it,
+    a large product without z goes to the persistent TMA kernel, whose epilogue adds the
+    bias and the activation; the rest to linear_kernel."""
     (M, K), N = a.shape, b.shape[1]
-    plain = bias is None and activation is None and not save_z and out is None
-    if plain and a.dtype != torch.float64:
-        return matmul(a, b), None
-    c = a.new_empty((M, N)) if out is None else out
-    z = a.new_empty((M, N)) if save_z else c  # c stands in for an unused pointer
     if M * N == 0:
-        return c, z if save_z else None
-    if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()  # read one element after the other
+        return lambda *_: None
+    if bias is not None and bias.stride(0) != 1:  # read one element after the other
+        fill = _route(a, b, c, bias.contiguous(), activation, save_z)
+        return lambda a, b, c, bias, z: fill(a, b, c, bias.contiguous(), z)
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     precision = "tf32" if tf32 else "ieee"
     # large products only: measured on an H100, a 1024^3 bf16 forward with GELU ran at 44
     # TFLOP/s there against 147 in linear_kernel
     if not save_z and M * N * K >= fast.TMA_MIN_PRODUCT and fast._tma_suits(a, b, c, tf32):
         launch = fast._tma_launch_for(a, b, c, activation or "", precision, None, bias is not None)
-        launch(a, b, c, bias)
-        return c, None
+        return lambda a, b, c, bias, z: launch(a, b, c, bias)
     meta = dict(
         HAS_BIAS=bias is not None, ACTIVATION=activation or "", SAVE_Z=save_z,
         INPUT_PRECISION=precision, ACC_DTYPE=_accumulator(a.dtype),
     )  # fmt: skip
-    args = (a, b, c, c if bias is None else bias, z, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
-        linear_launcher[grid](*args, **config, **meta)
+        launch = KeptLaunch(linear_launcher, grid, meta | config)
     else:
         grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
-        linear_autotuned_launcher[grid](*args, **meta)
-    return c, z if save_z else None
+        launch = KeptLaunch(linear_autotuned_launcher, grid, meta)
+
+    def fill(a, b, c, bias, z):
+        # c stands in for the pointers the kernel does not read
+        launch(a, b, c, c if bias is None else bias, c if z is None else z, *sizes)
+
+    return fill
 
 
 def output_grad(
@@ -212,14 +227,73 @@ def output_grad(
     return gz, grad_bias
 
 
+class _Plan:
+    """What linear() works out from its arguments before it launches: y's shape, and
+    for each of with and without z the product's route (see _route), made on the first
+    call that needs it. It depends only on what _signature keeps, so it is kept per
+    signature: in a loop over a small layer, checking the arguments and choosing the
+    route again cost the host more than the launch itself."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, activation: str | None):
+        self.rows = math.prod(x.shape[:-1])  # every leading dimension: M
+        self.shape = (*x.shape[:-1], weight.shape[0])
+        self.activation = activation
+        self.routes: dict[bool, Callable] = {}
+
+    def forward(self, x, weight, bias, save_z: bool):
+        """(y [..., out], z [M, out] or None, x flattened to [M, in]): the product written
+        straight into y, so that y is no view and may be changed in place."""
+        x2d = x.reshape(self.rows, x.shape[-1])  # a view where x's strides allow, else a copy
+        y = x.new_empty(self.shape)
+        y2d, w_t = y.view(self.rows, self.shape[-1]), weight.t()
+        z = x.new_empty(y2d.shape) if save_z else None
+        fill = self.routes.get(save_z)
+        if fill is None:
+            fill = self.routes[save_z] = _route(x2d, w_t, y2d, bias, self.activation, save_z)
+        fill(x2d, w_t, y2d, bias, z)
+        return y, z, x2d
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _signature(x, weight, bias, activation) -> tuple | None:
+    """Everything of a call that linear's checks and choices depend on: each tensor's
+    layout (shape, strides, dtype, device, 16-byte alignment), the activation and TF32's
+    switch. None where the call is not to be kept: arguments that are not tensors, or
+    tensors being traced into a graph, which have no address."""
+    if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        return None
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return None
+    if not (activation is None or type(activation) is str):
+        return None
+    return (
+        layout(x), layout(weight), layout(bias), activation,
+        torch.backends.cuda.matmul.allow_tf32,
+    )  # fmt: skip
+
+
+def _plan(x, weight, bias, activation, checked: bool = False) -> _Plan:
+    """The kept plan for these arguments, made (and the arguments checked, unless they
+    have been) on the first call like them."""
+    key = _signature(x, weight, bias, activation)
+    plan = None if key is None else _plans.get(key)
+    if plan is None:
+        if not checked:
+            _check(x, weight, bias, activation)
+        plan = _Plan(x, weight, activation)
+        if key is not None:
+            if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
+                _plans.clear()
+            _plans[key] = plan
+    return plan
+
+
 def _forward(x, weight, bias, activation, save_z=False):
-    """(y [..., out], z [M, out] or None, x flattened to [M, in]): the forward's product
-    written straight into y, so that y is no view and may be changed in place."""
-    rows = math.prod(x.shape[:-1])  # every leading dimension: M
-    x2d = x.reshape(rows, x.shape[-1])  # a view where x's strides allow, else a copy
-    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    _, z = product(x2d, weight.t(), bias, activation, save_z, out=y.view(rows, weight.shape[0]))
-    return y, z, x2d
+    """(y [..., out], z [M, out] or None, x flattened to [M, in]) for arguments already
+    checked (course_lib.ops checks them before it traces)."""
+    return _plan(x, weight, bias, activation, checked=True).forward(x, weight, bias, save_z)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -228,11 +302,12 @@ class LinearFunction(torch.autograd.Function):
     slope relu's output (no extra memory: it is the result) or gelu's input z."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, activation):
+    def forward(ctx, x, weight, bias, activation, plan=None):
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         any_grad = needs_x or needs_weight or needs_bias
         save_z = activation == "gelu" and any_grad
-        y, z, x2d = _forward(x, weight, bias, activation, save_z)
+        plan = plan or _plan(x, weight, bias, activation)
+        y, z, x2d = plan.forward(x, weight, bias, save_z)
         saved = z if save_z else y if activation == "relu" and any_grad else None
         ctx.save_for_backward(x2d if needs_weight else None, weight if needs_x else None, saved)
         ctx.activation, ctx.x_shape = activation, x.shape
@@ -246,7 +321,7 @@ class LinearFunction(torch.autograd.Function):
             grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
         )
         grad_x = None if grad_x is None else grad_x.view(ctx.x_shape)
-        return grad_x, grad_weight, grad_bias, None
+        return grad_x, grad_weight, grad_bias, None, None
 
 
 def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
@@ -257,8 +332,8 @@ def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
     g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
     saved = None if saved is None else saved.reshape(g.shape)
     gz, grad_bias = output_grad(g, saved, activation, bias_grad)
-    grad_x = product(gz, weight)[0] if weight is not None else None
-    grad_weight = product(gz.t(), x2d)[0] if x2d is not None else None
+    grad_x = product(gz, weight) if weight is not None else None
+    grad_weight = product(gz.t(), x2d) if x2d is not None else None
     return grad_x, grad_weight, grad_bias
 
 
@@ -274,15 +349,15 @@ def linear(
     float64) and device; activation is None, "relu" or "gelu" (torch's exact GELU). Any
     strides. float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it.
     torch.autocast does not cast for it: under autocast, give every tensor one dtype."""
-    _check(x, weight, bias, activation)
+    plan = _plan(x, weight, bias, activation)
     tracked = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     if tracked:
-        return LinearFunction.apply(x, weight, bias, activation)
+        return LinearFunction.apply(x, weight, bias, activation, plan)
     # nothing to differentiate: skip autograd's bookkeeping, a good part of a small
     # layer's host time
-    return _forward(x, weight, bias, activation)[0]
+    return plan.forward(x, weight, bias, save_z=False)[0]
 
 
 def _check(x, weight, bias, activation) -> None:
