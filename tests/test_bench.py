@@ -52,6 +52,11 @@ def test_launch_and_do_bench_columns_when_measured():
     assert sweep.rows()[1]["kernel launch us"] == 30.0
     # the launch target holds at 2^20 (1.07x the bare launch), not at 2^28 (1.5x)
     assert "- target launch µs ≤ 1.3× the bare launch: missed at 2^28 (1.50×)" in table
+    # a call that is more than a launcher (a training step) is set beside torch instead
+    sweep.launcher = False
+    assert sweep.verdicts()[-1] == (
+        "host µs per call against torch's (no target): 2^20 2.82×, 2^28 3.66×"
+    )
 
 
 def test_targets_name_the_points_and_timings_that_miss():
