@@ -4,6 +4,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import math  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -54,9 +56,14 @@ def test_launch_and_do_bench_columns_when_measured():
     assert "- target launch µs ≤ 1.3× the bare launch: missed at 2^28 (1.50×)" in table
     # a call that is more than a launcher (a training step) is set beside torch instead
     sweep.launcher = False
-    assert sweep.verdicts()[-1] == (
+    assert sweep.verdicts() == [
         "host µs per call against torch's (no target): 2^20 2.82×, 2^28 3.66×"
-    )
+    ]
+    # with or without its bare launches measured
+    sweep.launch_us["bare"] = [math.nan, math.nan]
+    assert sweep.verdicts() == [
+        "host µs per call against torch's (no target): 2^20 2.82×, 2^28 3.66×"
+    ]
 
 
 def test_targets_name_the_points_and_timings_that_miss():

@@ -240,9 +240,70 @@ def test_linear_checks_each_signature_of_its_arguments_once(monkeypatch):
     leaves = [t.detach().requires_grad_() for t in (aligned, weight, bias)]
     grads = torch.autograd.grad(linear(*leaves, "gelu"), leaves, torch.ones(6, 29, device=DEVICE))
     assert len(checked) == 5 and all(g is not None for g in grads)
+    # the weight's and the bias's layouts, the dtype and TF32's switch are in it too
+    bias_storage = torch.randn(29 * 3 + 1, device=DEVICE)
+    for weight_, bias_, dtype, expected_checked in [
+        (weight, None, torch.float32, 6),
+        (weight.t().contiguous().t(), bias, torch.float32, 7),  # the weight column-major
+        (weight, bias_storage[1:30], torch.float32, 8),  # 4 bytes off a 16-byte boundary
+        (weight, bias_storage[::3][:29], torch.float32, 9),  # strided: copied on each call
+        (weight, bias_storage[::3][:29], torch.float32, 9),
+        (weight, bias, torch.float64, 10),
+    ]:
+        x, weight_ = aligned.to(dtype), weight_.to(dtype)
+        bias_ = None if bias_ is None else bias_.to(dtype)
+        expected = torch.nn.functional.linear(x.double(), weight_.double(), None)
+        expected = expected if bias_ is None else expected + bias_.double()
+        _assert_close(linear(x, weight_, bias_, "relu"), torch.relu(expected).to(dtype), 45)
+        assert len(checked) == expected_checked, (weight_.stride(), bias_)
+    with runtime.tf32(not torch.backends.cuda.matmul.allow_tf32):
+        linear(aligned, weight, bias, "relu")
+    assert len(checked) == 11
     # a call that fails its checks is kept by no one: it fails again, the same way
     for _ in range(2):
         with pytest.raises(ValueError, match=r"bias must be \[out_features\]"):
             linear(aligned, weight, bias[:4])
         with pytest.raises(ValueError, match="activation must be one of"):
             linear(aligned, weight, bias, "tanh")
+
+
+def test_linear_with_one_output_and_a_strided_bias():
+    # a [1] bias with any stride is contiguous to torch: read as it is
+    x, weight, _, _ = _layer((4, 8), 1)
+    bias = torch.randn(1, 5, device=DEVICE)[:, 0]
+    for _ in range(2):
+        expected = x.double() @ weight.double().t() + bias.double()
+        _assert_close(linear(x, weight, bias), expected.float(), 8)
+
+
+def test_the_operator_leaves_no_unchecked_plan_behind(monkeypatch):
+    # course_lib.ops's operator runs the same forward: called directly, with arguments
+    # linear() refuses, it refuses them too, and linear() goes on refusing them after
+    from course_lib import ops  # noqa: F401  (registers torch.ops.course)
+
+    monkeypatch.setattr(finished, "_plans", {})
+    x, weight, bias, _ = _layer((4, 5), 3)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="activation must be one of"):
+            torch.ops.course.linear(x, weight, bias, "tanh", False)
+        with pytest.raises(ValueError, match="activation must be one of"):
+            linear(x, weight, bias, "tanh")
+
+
+@pytest.mark.gpu
+def test_kept_launches_stay_right_as_alignments_alternate():
+    # on a GPU a kept plan launches the compiled kernel it kept: calls that alternate
+    # between 16-byte aligned and misaligned x and bias must each get their own
+    storage = torch.randn(64 * 96 + 8, device=DEVICE, dtype=torch.float16)
+    weight = torch.randn(80, 96, device=DEVICE, dtype=torch.float16) / 10
+    bias_storage = torch.randn(88, device=DEVICE, dtype=torch.float16)
+    for _ in range(3):
+        for offset in (0, 1, 8, 3):
+            x = storage[offset : offset + 64 * 96].view(64, 96)
+            bias = bias_storage[offset : offset + 80]
+            for activation in ACTIVATIONS:
+                z = x.double() @ weight.double().t() + bias.double()
+                expected = {None: z, "relu": torch.relu(z), "gelu": torch.nn.functional.gelu(z)}
+                expected = expected[activation]
+                got = linear(x, weight, bias, activation)
+                _assert_close(got, expected.half(), 96)

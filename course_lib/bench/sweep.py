@@ -143,15 +143,19 @@ class Sweep:
                 misses += [f"{r['point']} ({r[column]:.3f}, {timing})" for r in short]
             verdict = "met" if not misses else "missed at " + ", ".join(misses)
             lines.append(f"target {ratio} ≥ {target.ratio} {target.described}: {verdict}")
-        measured = [r for r in self.rows() if not math.isnan(r.get("bare launch us", math.nan))]
-        if measured and not self.launcher:
-            reference = next(iter(self.baselines))
+        if not self.launcher:
+            reference = next(iter(self.baselines), None)
+            columns = ("kernel launch us", f"{reference} launch us")
             ratios = ", ".join(
-                f"{r['point']} {r['kernel launch us'] / r[f'{reference} launch us']:.2f}×"
-                for r in measured
+                f"{r['point']} {r[columns[0]] / r[columns[1]]:.2f}×"
+                for r in self.rows()
+                if not any(math.isnan(r.get(column, math.nan)) for column in columns)
             )
-            lines.append(f"host µs per call against {reference}'s (no target): {ratios}")
-        elif measured:
+            if ratios:
+                lines.append(f"host µs per call against {reference}'s (no target): {ratios}")
+            return lines
+        measured = [r for r in self.rows() if not math.isnan(r.get("bare launch us", math.nan))]
+        if measured:
             over = [
                 f"{r['point']} ({r['kernel launch us'] / r['bare launch us']:.2f}×)"
                 for r in measured

@@ -160,7 +160,7 @@ def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
     (M, K), N = a.shape, b.shape[1]
     if M * N == 0:
         return lambda *_: None
-    if bias is not None and bias.stride(0) != 1:  # read one element after the other
+    if bias is not None and not bias.is_contiguous():  # read one element after the other
         fill = _route(a, b, c, bias.contiguous(), activation, save_z)
         return lambda a, b, c, bias, z: fill(a, b, c, bias.contiguous(), z)
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
@@ -260,8 +260,9 @@ _plans: dict[tuple, _Plan] = {}
 def _signature(x, weight, bias, activation) -> tuple | None:
     """Everything of a call that linear's checks and choices depend on: each tensor's
     layout (shape, strides, dtype, device, 16-byte alignment), the activation and TF32's
-    switch. None where the call is not to be kept: arguments that are not tensors, or
-    tensors being traced into a graph, which have no address."""
+    switch. None where the call is not to be kept: arguments that are not tensors, an
+    activation that is not None or a string, or tensors being traced into a graph, which
+    have no address."""
     if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         return None
     if bias is not None and not isinstance(bias, torch.Tensor):
@@ -274,13 +275,13 @@ def _signature(x, weight, bias, activation) -> tuple | None:
     )  # fmt: skip
 
 
-def _plan(x, weight, bias, activation, checked: bool = False) -> _Plan:
-    """The kept plan for these arguments, made (and the arguments checked, unless they
-    have been) on the first call like them."""
+def _plan(x, weight, bias, activation) -> _Plan:
+    """The kept plan for these arguments, made, and the arguments checked, on the first
+    call like them."""
     key = _signature(x, weight, bias, activation)
     plan = None if key is None else _plans.get(key)
     if plan is None:
-        if not checked:
+        if not into_graph():  # a traced call: course_lib.ops checks before it traces
             _check(x, weight, bias, activation)
         plan = _Plan(x, weight, activation)
         if key is not None:
@@ -291,9 +292,8 @@ def _plan(x, weight, bias, activation, checked: bool = False) -> _Plan:
 
 
 def _forward(x, weight, bias, activation, save_z=False):
-    """(y [..., out], z [M, out] or None, x flattened to [M, in]) for arguments already
-    checked (course_lib.ops checks them before it traces)."""
-    return _plan(x, weight, bias, activation, checked=True).forward(x, weight, bias, save_z)
+    """(y [..., out], z [M, out] or None, x flattened to [M, in]), for course_lib.ops."""
+    return _plan(x, weight, bias, activation).forward(x, weight, bias, save_z)
 
 
 class LinearFunction(torch.autograd.Function):
