@@ -66,6 +66,24 @@ def test_launch_and_do_bench_columns_when_measured():
     ]
 
 
+def test_the_report_names_the_tiles_the_autotuner_chose():
+    from course_lib.kernels._launch import Launch
+
+    kernel = type("Kernel", (), {"__name__": "tma_conv2d_kernel"})()
+    chosen = {"BH": 8, "BW": 8, "GROUP_M": 8, "num_warps": 4, "num_ctas": 1, "maxnreg": None}
+    launches = [
+        Launch(kernel, (1, 1, 1), (), {}, chosen),
+        Launch(kernel, (1, 1, 1), (), {"BLOCK_C": 64}),  # a plain kernel: nothing chosen
+    ]
+    tuned = bench.sweep.tuned_configs(launches)
+    assert tuned == "tma_conv2d_kernel BH=8 BW=8 GROUP_M=8 num_warps=4"
+    sweep = _fake_sweep()
+    sweep.tuned = ["", tuned]
+    lines = sweep.table().splitlines()
+    assert lines[-1] == f"- autotuned at 2^28: {tuned}"
+    assert not any("autotuned at 2^20" in line for line in lines)
+
+
 def test_targets_name_the_points_and_timings_that_miss():
     sweep = _fake_sweep()
     sweep.do_bench = {"kernel": [0.010, 0.2], "torch": [0.009, 0.21]}

@@ -69,9 +69,12 @@ def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
         constexprs=(), config={"BLOCK_M": 64, "num_warps": 4}, pre_hook=None,
     )  # fmt: skip
     launcher.config = {"BLOCK_M": 256, "num_warps": 8}  # another key's, tuned last
-    launcher.run_compiled(entry, None, (), {}, device=0)
+    with _launch.recording_launches() as launches:
+        launcher.run_compiled(entry, None, (), {}, device=0)
     assert len(ran) == 1 and ran[0][:3] == (3, 1, 1)
     assert launcher.config == {"BLOCK_M": 64, "num_warps": 4}
+    # and so does the recorded launch, for the benchmark's report
+    assert launches[0].tuned == {"BLOCK_M": 64, "num_warps": 4}
 
 
 def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):

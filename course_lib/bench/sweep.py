@@ -66,6 +66,9 @@ class Sweep:
     # first baseline and of any other named in run_sweep's host_baselines, where measured
     launch_us: dict[str, list[float]] = field(default_factory=dict)
     targets: list[Target] = field(default_factory=list)
+    # per point, what the autotuner chose for the kernel's autotuned launches (see
+    # tuned_configs): the tile behind a figure, where it jumps between runs
+    tuned: list[str] = field(default_factory=list)
     # False where the kernel's call is more than its launcher (a training step through
     # autograd): its host cost is then set beside the first baseline's, with no target
     launcher: bool = True
@@ -126,8 +129,12 @@ class Sweep:
                 us = [r[f"{name} launch us"] for name in self.launch_us]
                 cells.append(" / ".join("—" if math.isnan(u) else f"{u:.1f}" for u in us))
             lines.append("| " + " | ".join(cells) + " |")
-        verdicts = self.verdicts()
-        return "\n".join(lines + ([""] + [f"- {v}" for v in verdicts] if verdicts else []))
+        notes = self.verdicts() + [
+            f"autotuned at {label(point)}: {tuned}"
+            for point, tuned in zip(self.points, self.tuned)
+            if tuned
+        ]
+        return "\n".join(lines + ([""] + [f"- {note}" for note in notes] if notes else []))
 
     def verdicts(self) -> list[str]:
         """One line per target: met or not, by each timing, naming the points that miss."""
@@ -194,6 +201,8 @@ def run_sweep(
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
     from tqdm.auto import tqdm
 
+    from course_lib.kernels._launch import recording_launches
+
     reference_name, reference = next(iter(baselines.items()))
     fns = {"kernel": kernel, **baselines}
     sweep.baselines = {name: [] for name in baselines}
@@ -203,7 +212,9 @@ def run_sweep(
         inputs = make_inputs(point)
         # a timing of a wrong kernel is worthless: compare once, by relative norm, which
         # is blind to rounding (fp16 results of a long dot product differ by an ulp or two)
-        got, want = kernel(*inputs).double(), reference(*inputs).double()
+        with recording_launches() as first:  # where the autotuner chooses, if anywhere
+            got = kernel(*inputs).double()
+        want = reference(*inputs).double()
         error = float((got - want).norm() / want.norm())
         if not error < 1e-2:
             raise AssertionError(f"{sweep.name} at {label(point)}: relative error {error:.1e}")
@@ -225,11 +236,27 @@ def run_sweep(
         for name, values in host_us.items():
             sweep.launch_us[name].append(statistics.median(values))
         sweep.points.append(point)
+        sweep.tuned.append(tuned_configs(first))
         sweep.kernel.append(throughput(point, statistics.median(times["kernel"])))
         for name in baselines:
             sweep.baselines[name].append(throughput(point, statistics.median(times[name])))
         del inputs, calls, hosts
     return sweep
+
+
+def tuned_configs(launches: Sequence) -> str:
+    """The autotuner's choice for each autotuned launch among these recorded launches,
+    as 'kernel_name BLOCK_M=128 ... num_warps=8 num_stages=3', joined by '; '."""
+    described = []
+    for launch in launches:
+        chosen = {
+            name: value for name, value in launch.tuned.items()
+            if name.isupper() or name in ("num_warps", "num_stages")
+        }  # fmt: skip
+        if chosen:
+            settings = " ".join(f"{name}={value}" for name, value in chosen.items())
+            described.append(f"{launch.kernel.__name__} {settings}")
+    return "; ".join(described)
 
 
 def bandwidth_sweep(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -84,6 +84,7 @@ class Launch:
     grid: tuple[int, int, int]
     args: tuple
     kwargs: dict
+    tuned: dict = field(default_factory=dict)  # the autotuner's config, where it chose one
 
     def __call__(self) -> None:
         self.kernel[self.grid](*self.args, **self.kwargs)
@@ -235,7 +236,8 @@ class LeanLauncher:
         if entry.pre_hook is not None:
             entry.pre_hook(self._named(args, meta, entry.config))
         if _recorded is not None:
-            _recorded.append(Launch(self.jit, grid[:3], args, {**meta, **entry.config}))
+            kwargs = {**meta, **entry.config}
+            _recorded.append(Launch(self.jit, grid[:3], args, kwargs, entry.config))
         stream = _INTERNALS[1].active.get_current_stream(device)
         entry.run(
             grid[0], grid[1], grid[2], stream, entry.function, entry.metadata, None, None, None,
@@ -265,7 +267,8 @@ class LeanLauncher:
             config = self.config
             if callable(grid):
                 grid = grid(self._named(args, meta, config))
-            _recorded.append(Launch(self.jit, (*grid, 1, 1)[:3], args, {**meta, **config}))
+            grid = (*grid, 1, 1)[:3]
+            _recorded.append(Launch(self.jit, grid, args, {**meta, **config}, config))
         return compiled
 
     def _first_launch(self, grid, args: tuple, meta: dict) -> _Compiled:
