@@ -290,6 +290,46 @@ def test_the_operator_leaves_no_unchecked_plan_behind(monkeypatch):
             linear(x, weight, bias, "tanh")
 
 
+def test_backward_keeps_its_launches_per_layout_of_the_output_gradient(monkeypatch):
+    # a plan's backward is worked out once per layout of the output's gradient and which
+    # gradients are asked for: later steps like it reuse its launches, others get their own
+    monkeypatch.setattr(finished, "_plans", {})
+    x, weight, bias, _ = _layer((2, 3, 45), 29)
+    storage = torch.randn(6 * 29 + 4, device=DEVICE)
+    layouts = [
+        ("contiguous", lambda: storage[:-4].view(2, 3, 29), 1),
+        ("other values", lambda: storage[:-4].view(2, 3, 29) * 2, 1),
+        ("misaligned", lambda: storage[1:-3].view(2, 3, 29), 2),  # 4 bytes off 16 bytes
+        ("transposed", lambda: storage[:-4].view(29, 6).t().view(2, 3, 29), 3),
+        ("expanded, as y.sum()'s", lambda: torch.ones((), device=DEVICE).expand(2, 3, 29), 4),
+        ("contiguous again", lambda: storage[:-4].view(2, 3, 29), 4),
+    ]
+    for activation in ACTIVATIONS:
+        finished._plans.clear()
+        for name, make_grad_y, kept in layouts:
+            grad_y = make_grad_y()
+            _, gx, gw, gb = _grads(x, weight, bias, grad_y, activation)
+            expected = references.linear_grads(x, weight, bias, grad_y, activation)
+            for got, want in zip((gx, gw, gb), expected):
+                _assert_close(got, want, 6)
+            (plan,) = finished._plans.values()
+            assert len(plan.backwards) == kept, (activation, name)
+        # the bias frozen: no grad_bias asked for, another backward
+        leaves = [t.detach().requires_grad_(t is not bias) for t in (x, weight, bias)]
+        y = linear(*leaves, activation)
+        gx, gw = torch.autograd.grad(y, leaves[:2], layouts[0][1]())
+        assert len(plan.backwards) == 5, activation
+
+
+def test_output_grad_of_empty_gradients():
+    for shape in [(0, 3), (4, 0), (0, 0)]:
+        g = torch.randn(shape, device=DEVICE)
+        saved = torch.randn(shape, device=DEVICE)
+        gz, grad_bias = finished.output_grad(g, saved, "gelu", bias_grad=True)
+        assert gz.shape == shape
+        torch.testing.assert_close(grad_bias, torch.zeros(shape[1], device=DEVICE))
+
+
 @pytest.mark.gpu
 def test_kept_launches_stay_right_as_alignments_alternate():
     # on a GPU a kept plan launches the compiled kernel it kept: calls that alternate

@@ -143,11 +143,7 @@ def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for a [M, K] and b [K, N] of any strides, arguments already checked: a new
     contiguous [M, N] tensor. 16- and 32-bit operands go to lesson 05's finished `matmul`,
     with its expert paths; float64 ones (gradcheck's) to linear_kernel."""
-    if a.dtype != torch.float64:
-        return matmul(a, b)
-    c = a.new_empty((a.shape[0], b.shape[1]))
-    _route(a, b, c, None, None, save_z=False)(a, b, c, None, None)
-    return c
+    return Product()(a, b)
 
 
 def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
@@ -196,35 +192,95 @@ def output_grad(
     """(gz, grad_bias) for the output's gradient g [M, N] of any strides: gz = g times the
     activation's slope at what the forward saved (g itself without an activation), and
     grad_bias = gz summed over the rows where `bias_grad`, else None. One pass over g."""
-    M, N = g.shape
-    if activation is None and not bias_grad:
-        return g, None
-    gz = g if activation is None else g.new_empty((M, N))
-    if M * N == 0:
-        return gz, g.new_zeros(N) if bias_grad else None
-    acc_dtype = _accumulator(g.dtype)
-    columns = cdiv(N, GRAD_COLUMNS)
-    # enough programs along M too, each summing its rows; a second launch adds their sums
-    row_programs = min(cdiv(M, GRAD_ROWS), max(1, GRAD_PROGRAMS // columns))
-    rows_per_program = cdiv(cdiv(M, row_programs), GRAD_ROWS) * GRAD_ROWS
-    row_programs = cdiv(M, rows_per_program)
-    sums_dtype = torch.float64 if g.dtype == torch.float64 else torch.float32
-    sums = g.new_empty((row_programs, N), dtype=sums_dtype) if bias_grad else gz
-    saved = g if saved is None else saved
-    output_grad_launcher[(columns, row_programs)](
-        g, saved, gz, sums, M, N, rows_per_program, *g.stride(), *saved.stride(),
-        BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACTIVATION=activation or "", SUM=bias_grad,
-        ACC_DTYPE=acc_dtype,
-    )  # fmt: skip
-    if not bias_grad:
-        return gz, None
-    grad_bias = g.new_empty(N)
-    output_grad_launcher[(columns, 1)](
-        sums, sums, sums, grad_bias, row_programs, N, row_programs, *sums.stride(),
-        *sums.stride(), BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACTIVATION="", SUM=True,
-        ACC_DTYPE=acc_dtype,
-    )  # fmt: skip
-    return gz, grad_bias
+    return OutputGrad(g, saved, activation, bias_grad)(g, saved)
+
+
+class OutputGrad:
+    """output_grad's launches for a g and a saved tensor laid out like these, worked out
+    once and kept (see KeptLaunch): a backward kept per layout of its output gradient
+    calls it once a step."""
+
+    def __init__(self, g, saved, activation: str | None, bias_grad: bool):
+        M, N = g.shape
+        self.shape, self.activation, self.bias_grad = (M, N), activation, bias_grad
+        columns = cdiv(N, GRAD_COLUMNS)
+        # enough programs along M too, each summing its rows; a second launch adds their sums
+        row_programs = max(1, min(cdiv(M, GRAD_ROWS), GRAD_PROGRAMS // max(1, columns)))
+        rows_per_program = cdiv(cdiv(M, row_programs), GRAD_ROWS) * GRAD_ROWS
+        row_programs = cdiv(M, rows_per_program) if M else 0
+        self.sums_shape = (row_programs, N)
+        self.sums_dtype = torch.float64 if g.dtype == torch.float64 else torch.float32
+        meta = dict(BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACC_DTYPE=_accumulator(g.dtype))
+        pass_meta = meta | dict(ACTIVATION=activation or "", SUM=bias_grad)
+        self.one_pass = KeptLaunch(output_grad_launcher, (columns, row_programs), pass_meta)
+        saved_strides = (g if saved is None else saved).stride()
+        self.pass_sizes = (M, N, rows_per_program, *g.stride(), *saved_strides)
+        # the sums, contiguous [row_programs, N], added by one program per column block
+        self.add_sums = KeptLaunch(
+            output_grad_launcher, (columns, 1), meta | dict(ACTIVATION="", SUM=True)
+        )
+        self.add_sizes = (row_programs, N, row_programs, N, 1, N, 1)
+
+    def __call__(self, g, saved) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.activation is None and not self.bias_grad:
+            return g, None
+        gz = g if self.activation is None else g.new_empty(self.shape)
+        if gz.numel() == 0:
+            return gz, g.new_zeros(self.shape[1]) if self.bias_grad else None
+        sums = g.new_empty(self.sums_shape, dtype=self.sums_dtype) if self.bias_grad else gz
+        self.one_pass(g, g if saved is None else saved, gz, sums, *self.pass_sizes)
+        if not self.bias_grad:
+            return gz, None
+        grad_bias = g.new_empty(self.shape[1])
+        self.add_sums(sums, sums, sums, grad_bias, *self.add_sizes)
+        return gz, grad_bias
+
+
+class Product:
+    """product(a, b) for operands laid out like those of its first call, keeping the way
+    that call took: matmul's Route, or linear_kernel's launch for float64."""
+
+    def __init__(self):
+        self.kept: Callable | None = None
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.kept is not None:
+            return self.kept(a, b)
+        if a.dtype != torch.float64:
+            c = matmul(a, b)
+            self.kept = fast.known_route(a, b, None)  # None where matmul keeps none
+            return c
+        shape = (a.shape[0], b.shape[1])
+        fill = _route(a, b, a.new_empty(shape), None, None, save_z=False)
+
+        def kept(a, b):
+            c = a.new_empty(shape)
+            fill(a, b, c, None, None)
+            return c
+
+        self.kept = kept
+        return kept(a, b)
+
+
+class Backward:
+    """input_gradients' launches, kept for output gradients laid out like the first
+    one's, with x2d, weight and saved laid out as in that call: one per plan and layout
+    of the output's gradient (see _Plan.backward)."""
+
+    def __init__(self, activation: str | None, bias_grad: bool):
+        self.activation, self.bias_grad = activation, bias_grad
+        self.output_grad: OutputGrad | None = None
+        self.grad_x, self.grad_weight = Product(), Product()
+
+    def __call__(self, grad_y, x2d, weight, saved):
+        g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
+        saved = None if saved is None else saved.reshape(g.shape)
+        if self.output_grad is None:
+            self.output_grad = OutputGrad(g, saved, self.activation, self.bias_grad)
+        gz, grad_bias = self.output_grad(g, saved)
+        grad_x = self.grad_x(gz, weight) if weight is not None else None
+        grad_weight = self.grad_weight(gz.t(), x2d) if x2d is not None else None
+        return grad_x, grad_weight, grad_bias
 
 
 class _Plan:
@@ -239,6 +295,7 @@ class _Plan:
         self.shape = (*x.shape[:-1], weight.shape[0])
         self.activation = activation
         self.routes: dict[bool, Callable] = {}
+        self.backwards: dict[tuple, Backward] = {}
 
     def forward(self, x, weight, bias, save_z: bool):
         """(y [..., out], z [M, out] or None, x flattened to [M, in]): the product written
@@ -252,6 +309,18 @@ class _Plan:
             fill = self.routes[save_z] = _route(x2d, w_t, y2d, bias, self.activation, save_z)
         fill(x2d, w_t, y2d, bias, z)
         return y, z, x2d
+
+    def backward(self, grad_y, x2d, weight, saved, bias_grad: bool):
+        """input_gradients for the tensors this plan's forward saved, by the launches kept
+        for grad_y's layout: x2d, weight and saved are laid out alike on every call, for
+        the plan fixes x's and weight's layouts and saved is a tensor the forward made."""
+        key = (layout(grad_y), x2d is None, weight is None, bias_grad)
+        steps = self.backwards.get(key)
+        if steps is None:
+            if len(self.backwards) >= MAX_KEPT:  # ever new layouts of grad_y: start afresh
+                self.backwards.clear()
+            steps = self.backwards[key] = Backward(self.activation, bias_grad)
+        return steps(grad_y, x2d, weight, saved)
 
 
 _plans: dict[tuple, _Plan] = {}
@@ -310,15 +379,15 @@ class LinearFunction(torch.autograd.Function):
         y, z, x2d = plan.forward(x, weight, bias, save_z)
         saved = z if save_z else y if activation == "relu" and any_grad else None
         ctx.save_for_backward(x2d if needs_weight else None, weight if needs_x else None, saved)
-        ctx.activation, ctx.x_shape = activation, x.shape
+        ctx.plan, ctx.x_shape = plan, x.shape
         return y
 
     @staticmethod
     @once_differentiable  # the backward's kernels record no graph of their own
     def backward(ctx, grad_y):
         x2d, weight, saved = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = input_gradients(
-            grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
+        grad_x, grad_weight, grad_bias = ctx.plan.backward(
+            grad_y, x2d, weight, saved, ctx.needs_input_grad[2]
         )
         grad_x = None if grad_x is None else grad_x.view(ctx.x_shape)
         return grad_x, grad_weight, grad_bias, None, None
@@ -329,12 +398,7 @@ def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
     grad_x where `weight` is given, grad_weight where `x2d` [M, in] is, grad_bias where
     `bias_grad`; None for the others. `saved` is what the forward kept for the
     activation's slope (relu's y or gelu's z, any shape with M·out elements) or None."""
-    g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
-    saved = None if saved is None else saved.reshape(g.shape)
-    gz, grad_bias = output_grad(g, saved, activation, bias_grad)
-    grad_x = product(gz, weight) if weight is not None else None
-    grad_weight = product(gz.t(), x2d) if x2d is not None else None
-    return grad_x, grad_weight, grad_bias
+    return Backward(activation, bias_grad)(grad_y, x2d, weight, saved)
 
 
 def linear(
