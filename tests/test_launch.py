@@ -162,8 +162,8 @@ def test_tuned_paths_stay_right_on_every_call(path):
     shapes = [(300, 512, 400), (700, 512, 400), (300, 512, 400)]  # M: 3 and 6 tiles of 128
     if path == "TMA" and fast._capability(torch.cuda.current_device()) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel runs on the GPUs in TMA_GPUS")
-    if path == "TMA":  # a K-major 16-bit B takes it from TMA_MIN_K_MAJOR_PRODUCT
-        shapes = [(1300, 1024, 900), (2600, 1024, 900), (1300, 1024, 900)]  # 11 and 21 tiles
+    if path == "TMA":  # from TMA_MIN_PRODUCT on: 17 and 33 tiles of 128 rows
+        shapes = [(2100, 2048, 2048), (4200, 2048, 2048), (2100, 2048, 2048)]
     for m, n, k in shapes:
         if path == "TMA":
             a, b = torch.randn(m, k, **f16), torch.randn(n, k, **f16).t()
@@ -256,8 +256,8 @@ def _host_cases():
         ),
     ]
     if fast._capability(DEVICE) in fast.TMA_GPUS:
-        # past SMALL_PRODUCT with rows the TMA unit takes: the persistent kernel
-        half = square.half()
+        # from TMA_MIN_PRODUCT on, with rows the TMA unit takes: the persistent kernel
+        half = torch.randn(2048, 2048, **f16)
         cases.append(("matmul, TMA", matmul.matmul, (half, half.t()), False))
         # a stride-1 channels-last layer past SMALL_PRODUCT: the TMA convolution
         layer = (

@@ -441,9 +441,9 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
 
     if fast._capability(DEVICE.index or 0) not in fast.TMA_GPUS:
         pytest.skip("matmul takes no TMA kernel on this GPU")
-    # a 16-bit K-major b takes the TMA kernel from 1024^3 on
-    a = _rand(1024, 1040, dtype=torch.float16)
-    b = _rand(1056, 1040, dtype=torch.float16, seed=1).t()
+    # a 16-bit product takes the TMA kernel from 2048^3 on
+    a = _rand(2048, 2048, dtype=torch.float16)
+    b = _rand(2056, 2048, dtype=torch.float16, seed=1).t()
     _assert_launched_with_the_autotuners_tile(a, b, "tma_matmul_kernel", fast.tma_matmul_autotuned)
 
     # past TMA_MIN_PRODUCT
