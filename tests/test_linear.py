@@ -1,12 +1,15 @@
 """Lesson 07's finished Linear: forward and backward against float64, gradcheck, the drop-in
 nn.Linear, and what it says about bad input."""
 
+import contextlib
+
 import pytest
 import torch
 
 from course_lib import DEVICE, references, runtime
 from course_lib.checks.tolerances import tolerance_for
 from course_lib.kernels import linear as finished
+from course_lib.kernels import matmul_fast_paths as fast
 from course_lib.kernels.linear import Linear, linear
 
 ACTIVATIONS = [None, "relu", "gelu"]
@@ -316,9 +319,49 @@ def test_backward_keeps_its_launches_per_layout_of_the_output_gradient(monkeypat
             assert len(plan.backwards) == kept, (activation, name)
         # the bias frozen: no grad_bias asked for, another backward
         leaves = [t.detach().requires_grad_(t is not bias) for t in (x, weight, bias)]
-        y = linear(*leaves, activation)
-        gx, gw = torch.autograd.grad(y, leaves[:2], layouts[0][1]())
+        grad_y = layouts[0][1]()
+        gx, gw = torch.autograd.grad(linear(*leaves, activation), leaves[:2], grad_y)
+        expected = references.linear_grads(x, weight, bias, grad_y, activation)
+        for got, want in zip((gx, gw), expected):
+            _assert_close(got, want, 6)
         assert len(plan.backwards) == 5, activation
+
+
+def test_backward_keeps_apart_what_saved_tensor_hooks_hand_back(monkeypatch):
+    # a pack hook may save a contiguous copy of x or of the weight (save_on_cpu does, of a
+    # view with gaps): the backward then reads tensors laid out unlike the plan's
+    # arguments, and a backward kept for the one layout must not be used for the other
+    monkeypatch.setattr(finished, "_plans", {})
+    storage = torch.randn(37, 64, device=DEVICE)
+    _, weight, bias, grad_y = _layer((37, 45), 29)
+    for x, w in [
+        (storage[:, :45], weight),
+        (storage[:, :45].contiguous(), weight.t().contiguous().t()),
+    ]:
+        expected = references.linear_grads(x, w, bias, grad_y, "relu")
+        copies = torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous(), lambda t: t)
+        for hooks in [copies, contextlib.nullcontext(), copies, torch.autograd.graph.save_on_cpu()]:
+            with hooks:
+                _, gx, gw, gb = _grads(x, w, bias, grad_y, "relu")
+            for got, want in zip((gx, gw, gb), expected):
+                _assert_close(got, want, 37)
+
+
+def test_backward_follows_tf32s_switch_as_it_runs(monkeypatch):
+    # the products' precision is TF32's switch at the time of the backward, as for
+    # torch's own backward, whatever it was when the forward ran
+    monkeypatch.setattr(finished, "_plans", {})
+    monkeypatch.setattr(fast, "_routes", {})
+    x, weight, _, grad_y = _layer((64, 48), 32)
+    leaves = [t.detach().requires_grad_() for t in (x, weight)]
+    for allow_tf32 in (False, True):
+        with runtime.tf32(False):
+            y = linear(*leaves)
+        with runtime.tf32(allow_tf32):
+            torch.autograd.grad(y, leaves, grad_y)
+    (plan,) = finished._plans.values()
+    assert len(plan.backwards) == 2
+    assert {key[-1] for key in fast._routes} == {False, True}  # routes without and with TF32
 
 
 def test_output_grad_of_empty_gradients():

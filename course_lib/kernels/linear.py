@@ -263,9 +263,8 @@ class Product:
 
 
 class Backward:
-    """input_gradients' launches, kept for output gradients laid out like the first
-    one's, with x2d, weight and saved laid out as in that call: one per plan and layout
-    of the output's gradient (see _Plan.backward)."""
+    """input_gradients' launches, kept for a grad_y, x2d, weight and saved laid out like
+    those of its first call, under the same TF32 switch (see _Plan.backward)."""
 
     def __init__(self, activation: str | None, bias_grad: bool):
         self.activation, self.bias_grad = activation, bias_grad
@@ -284,11 +283,12 @@ class Backward:
 
 
 class _Plan:
-    """What linear() works out from its arguments before it launches: y's shape, and
-    for each of with and without z the product's route (see _route), made on the first
-    call that needs it. It depends only on what _signature keeps, so it is kept per
-    signature: in a loop over a small layer, checking the arguments and choosing the
-    route again cost the host more than the launch itself."""
+    """What linear() works out from its arguments before it launches: y's shape, for
+    each of with and without z the product's route (see _route), made on the first call
+    that needs it, and the backward's launches (see backward). It depends only on what
+    _signature keeps, so it is kept per signature: in a loop over a small layer, checking
+    the arguments and choosing the route again cost the host more than the launch
+    itself."""
 
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, activation: str | None):
         self.rows = math.prod(x.shape[:-1])  # every leading dimension: M
@@ -312,9 +312,14 @@ class _Plan:
 
     def backward(self, grad_y, x2d, weight, saved, bias_grad: bool):
         """input_gradients for the tensors this plan's forward saved, by the launches kept
-        for grad_y's layout: x2d, weight and saved are laid out alike on every call, for
-        the plan fixes x's and weight's layouts and saved is a tensor the forward made."""
-        key = (layout(grad_y), x2d is None, weight is None, bias_grad)
+        for their layouts. Those of x2d, weight and saved follow from the plan's signature
+        unless saved-tensor hooks (torch.autograd.graph.save_on_cpu, say) hand back copies,
+        so they are in the key with grad_y's; so is TF32's switch, read by the products
+        when the backward runs, not when the forward did."""
+        key = (
+            layout(grad_y), layout(x2d), layout(weight), layout(saved), bias_grad,
+            torch.backends.cuda.matmul.allow_tf32,
+        )  # fmt: skip
         steps = self.backwards.get(key)
         if steps is None:
             if len(self.backwards) >= MAX_KEPT:  # ever new layouts of grad_y: start afresh

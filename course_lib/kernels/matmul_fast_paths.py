@@ -74,8 +74,8 @@ TMA_TILE_SHAPES = [
 # the GPUs (compute capability) where tma_matmul_kernel was measured and takes over
 TMA_GPUS = {(9, 0)}
 # Below this many multiply-adds (2048^3) a product takes less GPU time than the host takes to
-# launch tma_matmul_kernel (three descriptors a call) and stays with the lesson's kernel,
-# whatever its layout. On an H200 an fp16 product with B K-major ran at 28 TFLOP/s in
+# launch tma_matmul_kernel (three descriptors a call) and does not go to it, whatever the
+# layout of a 16-bit B. On an H200 an fp16 product with B K-major ran at 28 TFLOP/s in
 # tma_matmul_kernel against 37 in the lesson's kernel at 512^3, and at 1024^3 about as fast
 # in both on the GPU's clock (173-193 against 174), while the host spent 43 µs a call
 # launching the TMA kernel and 16 launching the lesson's
