@@ -390,3 +390,26 @@ def test_kept_launches_stay_right_as_alignments_alternate():
                 expected = expected[activation]
                 got = linear(x, weight, bias, activation)
                 _assert_close(got, expected.half(), 96)
+
+
+@pytest.mark.gpu
+def test_kept_backwards_stay_right_as_the_output_gradients_alignment_alternates():
+    # the backward kept per layout of grad_y launches compiled kernels specialised to its
+    # alignment; steps that alternate between aligned and misaligned gradients (a view
+    # into a larger buffer, say) must each take their own, through the autotuned products
+    rows, in_features, out_features = 320, 384, 448  # past the small products' tiles
+    x, weight, bias, _ = _layer((rows, in_features), out_features, torch.float16)
+    storage = torch.randn(rows * out_features + 8, device=DEVICE, dtype=torch.float16)
+    for activation in ACTIVATIONS:
+        for _ in range(2):
+            for offset in (0, 1, 8, 3):  # in elements: 0 and 16 bytes aligned, 2 and 6 not
+                grad_y = storage[offset : offset + rows * out_features].view(rows, out_features)
+                _, gx, gw, gb = _grads(x, weight, bias, grad_y, activation)
+                expected = references.linear_grads(x, weight, bias, grad_y, activation)
+                # gz is rounded once to float16 before the two products
+                for got, want, terms in zip((gx, gw, gb), expected, (out_features, rows, rows)):
+                    tol = tolerance_for(torch.float16)
+                    torch.testing.assert_close(
+                        got, want, rtol=8 * tol.rtol, atol=8 * tol.rtol * terms**0.5,
+                        msg=lambda m, a=activation, o=offset: f"{a}, grad_y {o} elements in: {m}",
+                    )  # fmt: skip
