@@ -665,6 +665,9 @@ def test_tma_conv2d_matches_float64(B, C, H, W, O, kh, kw, padding, dilation, wi
         pytest.param((2, 24, 7, 9), lambda t: t, 1, id="nchw-odd"),
         pytest.param((1, 3, 1, 1), lambda t: t, 1, id="one-pixel"),
         pytest.param((3, 72, 13, 11), lambda t: t, 1, id="multi-tile"),
+        # a filter's few taps: narrow tiles of many channels
+        pytest.param((40, 300, 3, 3), lambda t: t, 1, id="filter-3x3"),
+        pytest.param((24, 80, 5, 5), lambda t: t, 1, id="filter-5x5"),
         pytest.param((2, 16, 1, 70), lambda t: t, 1, id="one-row"),
         pytest.param((2, 16, 70, 1), lambda t: t, 1, id="one-column"),
         pytest.param((2, 40, 9, 10), lambda t: t[:, ::2], 1, id="every-other-channel"),
@@ -720,8 +723,10 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
         assert _conv_error(got, x, weight, bias, stride, 1, 1) < bound
         channels_last = x.is_contiguous(memory_format=cl) and not x.is_contiguous()
         assert got.is_contiguous(memory_format=cl if channels_last else torch.contiguous_format)
-    # past it, x and the weight are copied channels-last first
+    # past NCHW_TMA_PRODUCT, x and the weight are copied channels-last first, untimed
+    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
     monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)
     monkeypatch.setattr(conv2d, "_calls", {})  # the routes chosen before the change go
     bias = torch.randn(136, **f16)
     with recording_launches() as launches:
@@ -729,6 +734,45 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
     kernels = [launch.kernel for launch in launches]
     assert kernels == [conv2d_tma.channels_last_kernel] * 2 + [conv2d_tma.tma_conv2d_kernel]
     assert _conv_error(got, *nchw, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
+def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monkeypatch):
+    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+        pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
+    f16 = dict(device=DEVICE, dtype=torch.float16)
+    x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
+    bias = torch.randn(136, **f16)
+    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)  # this small layer is timed too
+    routes = [
+        [conv2d.conv2d_kernel],  # in place
+        [conv2d_tma.channels_last_kernel] * 2 + [conv2d_tma.tma_conv2d_kernel],  # copied
+    ]
+    for chosen, kernels in enumerate(routes):
+        offered = []
+
+        def pick(routes, *args, chosen=chosen, offered=offered):
+            offered.append(routes)
+            return routes[chosen]
+
+        monkeypatch.setattr(conv2d, "_fastest_in_a_loop", pick)
+        monkeypatch.setattr(conv2d, "_calls", {})
+        for _ in range(3):  # chosen on the first call only, then kept
+            with recording_launches() as launches:
+                got = conv2d.conv2d(x, weight, bias, 1, 1)
+            assert [launch.kernel for launch in launches] == kernels
+            assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
+        assert len(offered) == 1 and len(offered[0]) == 2
+
+
+@pytest.mark.gpu
+def test_the_route_timer_keeps_the_route_that_is_faster_in_a_loop():
+    out = torch.empty(1, device=DEVICE)
+    quick = lambda *args: out.add_(1)
+    slow = lambda *args: torch.cuda._sleep(200_000)  # cycles: about 0.1 ms a call
+    assert conv2d._fastest_in_a_loop([slow, quick], out) is quick
+    assert conv2d._fastest_in_a_loop([quick, slow], out) is quick
 
 
 def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):

@@ -18,9 +18,10 @@ lie in K's order (an NCHW model's weight for (c, r, s), a channels-last model's 
 it is not.
 
 On Hopper GPUs, 16-bit stride-1 convolutions go to conv2d_tma.py instead, whose tiles the
-TMA unit moves: channels-last ones always; NCHW ones, which it copies channels-last first,
-in large products only. There the GPU time it saves pays for the copies' launches, which
-in a loop over smaller ones cost the host more than the whole GPU time (NCHW_TMA_PRODUCT).
+TMA unit moves: channels-last ones always. An NCHW input it copies channels-last first, two
+launches more, which pay for themselves in some layers and not in others: in mid-sized
+products conv2d times both routes on the first call of a signature and keeps the faster
+(see NCHW_TIMED_PRODUCT); small ones stay in place, very large ones are copied.
 """
 
 from __future__ import annotations
@@ -158,14 +159,20 @@ def conv2d_kernel(
 # tiny products take one modest tile: tuning each new shape would cost more than it wins
 SMALL_PRODUCT = 256**3
 # An NCHW x reaches the TMA kernel through channels-last copies of x and the weight: two
-# launches more per call. On an H200, on ResNet's 3x3 layers at batch 32 (3.7e9
-# multiply-adds), that route cost the host 55-100 µs a call against 25-47 for this kernel
-# reading x in place, more than either's GPU time (36-58 µs): timed with do_bench it ran at
-# 0.41-0.78 of cuDNN, where reading in place ran at 0.69-1.03. At batch 256 on the 28x28
-# layer (3.0e10) the GPU's time decides: 1.05 of cuDNN copied, 0.79 in place. At batch 64
-# (7.4e9) the copy route already won under do_bench (54 against 68 µs), with its host cost
-# as large as its GPU time; hosts differ about 2x between machines, hence a margin: 2^34.
+# launches more per call, about 50 µs of host time a call against 25 for this kernel
+# reading x in place (on an H200's host). Which route is faster depends on the layer: on
+# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds), in GPU µs in place / copied /
+# cuDNN, 57.7 / 47.8 / 54.4 at 56x56 with 64 channels, 39.3 / 42.7 / 40.9 at 28x28 with
+# 128, 54.4 / 36.7 / 38.6 at 14x14 with 256. So from NCHW_TIMED_PRODUCT multiply-adds the
+# first call of a signature times both routes in a loop, as a user's loop runs them, and
+# keeps the faster (_fastest_in_a_loop). Below it both take less GPU time than the copies'
+# launches cost the host, and x is read in place; from NCHW_TMA_PRODUCT on the GPU's time
+# decides (at batch 256 on the 28x28 layer, 3.0e10, copied ran at 1.05 of cuDNN and in
+# place at 0.79), and x is copied.
+NCHW_TIMED_PRODUCT = 2**30
 NCHW_TMA_PRODUCT = 2**34
+# calls per round when timing routes: three rounds, the best kept
+ROUTE_TIMING_CALLS = 20
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
 TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "W_FLAT",
@@ -352,16 +359,20 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     x_seen = _copied(x) if far_x else x
     w_seen = _copied(weight) if far_w else weight
     product = B * OH * OW * O * C * KH * KW
-    # on Hopper, stride-1 convolutions go to the TMA kernel (conv2d_tma.py); an NCHW x only in
-    # large products, since it is copied channels-last first (see NCHW_TMA_PRODUCT)
-    if (
-        product > SMALL_PRODUCT
-        and (channels_last or product >= NCHW_TMA_PRODUCT)
-        and conv2d_tma.suits(x, weight, stride)
-    ):
+    # on Hopper, stride-1 convolutions go to the TMA kernel (conv2d_tma.py); an NCHW x, which
+    # it copies channels-last first, where that is faster (see NCHW_TIMED_PRODUCT)
+    tma = product > SMALL_PRODUCT and conv2d_tma.suits(x, weight, stride)
+    if tma and (channels_last or product >= NCHW_TIMED_PRODUCT):
         out = torch.empty_like(out, dtype=x.dtype)  # the plan reads its strides
         plan = conv2d_tma.plan(x_seen, w_seen, bias, out, (pt, pl), dilation)
         route = lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
+        if not channels_last and product < NCHW_TMA_PRODUCT:  # copied or in place: time both
+            in_place = _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation,
+                                     product)  # fmt: skip
+            timeable = not (far_x or far_w or into_graph()) and _outside_capture()
+            out = torch.empty(out.shape, dtype=x.dtype, device=x.device)
+            route = (_fastest_in_a_loop([in_place, route], x, weight, bias, out)
+                     if timeable else in_place)  # fmt: skip
     else:
         route = _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation, product)
     if far_x or far_w:
@@ -371,6 +382,36 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
             run(x.contiguous() if far_x else x, w.contiguous() if far_w else w, b, out)
 
     return _Call(out.shape, memory_format, route)
+
+
+def _fastest_in_a_loop(routes: list[Callable], *args) -> Callable:
+    """Of these ways to run one convolution (functions of x, weight, bias, out), the one
+    that takes the least time per call in a loop of calls on `args`, as a user's loop runs
+    it: each is called once first (its kernels compiled and tuned), then timed over three
+    rounds of ROUTE_TIMING_CALLS calls back to back, its best round kept. A call in a loop
+    takes the longer of the host's time and the GPU's, so a route with more launches wins
+    only where the GPU time it saves outweighs what they cost the host."""
+    stream = torch.cuda.current_stream()
+    times = []
+    for route in routes:
+        route(*args)
+        best = float("inf")
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            stream.synchronize()  # the GPU idle: the round's clock starts with its first launch
+            start.record(stream)
+            for _ in range(ROUTE_TIMING_CALLS):
+                route(*args)
+            end.record(stream)
+            end.synchronize()
+            best = min(best, start.elapsed_time(end))
+        times.append(best)
+    return routes[times.index(min(times))]
+
+
+def _outside_capture() -> bool:
+    """Whether the GPU may be synchronised with: not while a CUDA graph is being captured."""
+    return not torch.cuda.is_current_stream_capturing()
 
 
 def _copied(t: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:

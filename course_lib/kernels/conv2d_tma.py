@@ -126,9 +126,15 @@ def channels_last_kernel(
 
 
 channels_last_launcher = LeanLauncher(channels_last_kernel)
-# square tiles, as lesson 03's transpose found best: on an H200 this copied ResNet's NCHW
-# activations at 0.9-2.3 TB/s (the larger the faster), 2-3x torch's own copy
-COPY_TILE = {"BLOCK_C": 64, "BLOCK_P": 64, "num_warps": 4}
+
+
+def _copy_tile(P: int) -> dict:
+    """channels_last_kernel's tile for images of P pixels: square, 64 x 64, as lesson 03's
+    transpose found best (on an H200 it copied ResNet's NCHW activations at 0.9-2.3 TB/s,
+    2-3x torch's own copy); for a filter's few taps (P = kh·kw = 9, say) as few pixels as
+    cover them and more channels, where a square tile would leave most lanes masked off."""
+    block_p = max(16, min(64, triton.next_power_of_2(P)))
+    return {"BLOCK_C": 4096 // block_p, "BLOCK_P": block_p, "num_warps": 4}
 
 
 @dataclass
@@ -150,8 +156,9 @@ class _Copy:
             return _Copy(t.shape, (), None)
         stride_p = t.stride(3) if W > 1 else t.stride(2)
         P = H * W
-        tiles = cdiv(C, COPY_TILE["BLOCK_C"]) * cdiv(P, COPY_TILE["BLOCK_P"])
-        launch = KeptLaunch(channels_last_launcher, (B * tiles,), COPY_TILE)
+        tile = _copy_tile(P)
+        tiles = cdiv(C, tile["BLOCK_C"]) * cdiv(P, tile["BLOCK_P"])
+        launch = KeptLaunch(channels_last_launcher, (B * tiles,), tile)
         return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), launch)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
