@@ -105,6 +105,18 @@ def recording_launches() -> Iterator[list[Launch]]:
         _recorded = saved
 
 
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Launches made in the block go unrecorded by an enclosing recording_launches: those
+    of a choice timed on a first call, say, which are not that call's."""
+    global _recorded
+    saved, _recorded = _recorded, None
+    try:
+        yield
+    finally:
+        _recorded = saved
+
+
 def _triton_internals():
     """The Triton internals a direct launch needs, or None where they are not as expected."""
     try:

@@ -11,9 +11,9 @@ the same way, as [O, kh, kw, C] boxes, and a channels-last output is stored as a
 The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; on an H100
 this one ran the ResNet-50 3x3 layers channels-last at 0.83-0.97 of cuDNN where that one ran
 them at 0.69-0.79 (on an H200, 0.84-0.97 in the benchmark; both by the GPU's clock). It needs
-the channels innermost (channels-last; an NCHW input is copied so first, by
-channels_last_kernel below), 16-bit floats, stride 1, and rows a multiple of 16 bytes apart:
-`suits` says when. A stride of 2 would need boxes that skip every other pixel, which
+the channels innermost (channels-last; an NCHW input is copied so first, with its weight,
+by channels_last_pair_kernel below), 16-bit floats, stride 1, and rows a multiple of 16
+bytes apart: `suits` says when. A stride of 2 would need boxes that skip every other pixel, which
 Triton's descriptors do not offer; such convolutions stay with the lesson's kernel.
 """
 
@@ -108,16 +108,46 @@ def channels_last_kernel(
     src_ptr, dst_ptr, C, P, stride_b, stride_c, stride_p,
     BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
-    """dst[b, p, c] = src[b, c, p] for one [BLOCK_C, BLOCK_P] tile of one image: the H·W
-    pixels of an image are one axis p of src (as in NCHW memory), and dst is channels-last.
-    The tile is read along the pixels and written along the channels, both contiguous; the
-    compiler turns it around in shared memory between the two, as in lesson 03's transpose."""
+    """dst[b, p, c] = src[b, c, p], one [BLOCK_C, BLOCK_P] tile of one image per program:
+    the H·W pixels of an image are one axis p of src (as in NCHW memory), and dst is
+    channels-last."""
+    _copy_tile(src_ptr, dst_ptr, C, P, stride_b, stride_c, stride_p, tl.program_id(axis=0),
+               BLOCK_C, BLOCK_P)  # fmt: skip
+
+
+@triton.jit
+def channels_last_pair_kernel(
+    x_ptr, x_dst_ptr, C, P, stride_xb, stride_xc, stride_xp, x_programs,
+    w_ptr, w_dst_ptr, C_W, P_W, stride_wb, stride_wc, stride_wp,
+    BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, W_BLOCK_C: tl.constexpr,
+    W_BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """channels_last_kernel for an NCHW convolution's x and weight in one launch: the first
+    x_programs programs copy x's tiles, the others the weight's, each with tiles of its own
+    shape. On an H200 the weight's copy as a launch of its own cost the host 13-14 µs a
+    call and the GPU 5-6 µs, a small kernel's least."""
     pid = tl.program_id(axis=0)
+    if pid < x_programs:
+        _copy_tile(x_ptr, x_dst_ptr, C, P, stride_xb, stride_xc, stride_xp, pid,
+                   BLOCK_C, BLOCK_P)  # fmt: skip
+    else:
+        _copy_tile(w_ptr, w_dst_ptr, C_W, P_W, stride_wb, stride_wc, stride_wp,
+                   pid - x_programs, W_BLOCK_C, W_BLOCK_P)  # fmt: skip
+
+
+@triton.jit
+def _copy_tile(
+    src_ptr, dst_ptr, C, P, stride_b, stride_c, stride_p, tile,
+    BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+):  # fmt: skip
+    """The tile-th [BLOCK_C, BLOCK_P] tile of the copy: read along the pixels and written
+    along the channels, both contiguous; the compiler turns it around in shared memory
+    between the two, as in lesson 03's transpose."""
     tiles_p = tl.cdiv(P, BLOCK_P)
     tiles_c = tl.cdiv(C, BLOCK_C)
-    b = pid // (tiles_c * tiles_p)
-    offs_c = (pid // tiles_p) % tiles_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
-    offs_p = pid % tiles_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P]
+    b = tile // (tiles_c * tiles_p)
+    offs_c = (tile // tiles_p) % tiles_c * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
+    offs_p = tile % tiles_p * BLOCK_P + tl.arange(0, BLOCK_P)  # [BLOCK_P]
     mask = (offs_c < C)[:, None] & (offs_p < P)[None, :]
     image = b.to(tl.int64)  # B·C·H·W may pass 2^31
     src = src_ptr + image * stride_b + offs_c[:, None] * stride_c + offs_p[None, :] * stride_p
@@ -126,9 +156,10 @@ def channels_last_kernel(
 
 
 channels_last_launcher = LeanLauncher(channels_last_kernel)
+channels_last_pair_launcher = LeanLauncher(channels_last_pair_kernel)
 
 
-def _copy_tile(P: int) -> dict:
+def _copy_tile_shape(P: int) -> dict:
     """channels_last_kernel's tile for images of P pixels: square, 64 x 64, as lesson 03's
     transpose found best (on an H200 it copied ResNet's NCHW activations at 0.9-2.3 TB/s,
     2-3x torch's own copy); for a filter's few taps (P = kh·kw = 9, say) as few pixels as
@@ -148,6 +179,8 @@ class _Copy:
     shape: tuple
     args: tuple  # C, P and the three strides
     launch: KeptLaunch | None  # None: torch copies
+    programs: int = 0  # channels_last_kernel's
+    tile: dict | None = None  # its BLOCK_C, BLOCK_P and num_warps
 
     @staticmethod
     def of(t: torch.Tensor) -> _Copy:
@@ -156,20 +189,55 @@ class _Copy:
             return _Copy(t.shape, (), None)
         stride_p = t.stride(3) if W > 1 else t.stride(2)
         P = H * W
-        tile = _copy_tile(P)
+        tile = _copy_tile_shape(P)
         tiles = cdiv(C, tile["BLOCK_C"]) * cdiv(P, tile["BLOCK_P"])
         launch = KeptLaunch(channels_last_launcher, (B * tiles,), tile)
-        return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), launch)
+        args = (C, P, t.stride(0), t.stride(1), stride_p)
+        return _Copy(t.shape, args, launch, B * tiles, tile)
+
+    def empty_like(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=t.dtype, device=t.device,
+                           memory_format=torch.channels_last)  # fmt: skip
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """The copy of `t`, which has the layout this copy was worked out for, and a
         16-byte alignment that does not change between calls (see KeptLaunch)."""
         if self.launch is None:
             return t.contiguous(memory_format=torch.channels_last)
-        dst = torch.empty(self.shape, dtype=t.dtype, device=t.device,
-                          memory_format=torch.channels_last)  # fmt: skip
+        dst = self.empty_like(t)
         self.launch(t, dst, *self.args)
         return dst
+
+
+@dataclass
+class _Copies:
+    """How to copy a convolution's x and weight channels-last where the TMA unit cannot
+    read them as they are (either copy None where it can): in one launch of
+    channels_last_pair_kernel where both go through the course's kernel."""
+
+    copy_x: _Copy | None
+    copy_w: _Copy | None
+    pair: KeptLaunch | None = None
+
+    def __post_init__(self):
+        x, w = self.copy_x, self.copy_w
+        if x is not None and w is not None and x.launch is not None and w.launch is not None:
+            tiles = {"W_BLOCK_C": w.tile["BLOCK_C"], "W_BLOCK_P": w.tile["BLOCK_P"]}
+            grid = (x.programs + w.programs,)
+            self.pair = KeptLaunch(channels_last_pair_launcher, grid, x.tile | tiles)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> tuple:
+        """(x, weight), each copied where this was worked out to copy it."""
+        if self.pair is not None:
+            x_copy, w_copy = self.copy_x.empty_like(x), self.copy_w.empty_like(weight)
+            self.pair(x, x_copy, *self.copy_x.args, self.copy_x.programs,
+                      weight, w_copy, *self.copy_w.args)  # fmt: skip
+            return x_copy, w_copy
+        if self.copy_x is not None:
+            x = self.copy_x(x)
+        if self.copy_w is not None:
+            weight = self.copy_w(weight)
+        return x, weight
 
 
 def channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -230,9 +298,7 @@ class _Plan:
     than the launch itself. Called as plan(x, weight, bias, out) on operands of that
     layout (shapes, strides, dtype, and each one's alignment to 16 bytes, the bias's too)."""
 
-    # how x (or the weight) is copied channels-last first; None where the TMA unit reads it
-    copy_x: _Copy | None
-    copy_w: _Copy | None
+    copies: _Copies  # how x and the weight are copied channels-last first, where they are
     views: tuple  # (shape, strides) of x, the weight and the output, channels innermost
     out_desc: bool  # the output takes TMA stores (else x's view stands in for it)
     sizes: tuple  # the kernel's integer arguments
@@ -244,10 +310,7 @@ class _Plan:
     kept: tuple[tuple, KeptLaunch] | None = None
 
     def __call__(self, x, weight, bias, out, config: dict | None = None) -> None:
-        if self.copy_x is not None:
-            x = self.copy_x(x)
-        if self.copy_w is not None:
-            weight = self.copy_w(weight)
+        x, weight = self.copies(x, weight)
         if config is None and runtime.INTERPRETED:  # nothing to time there
             config = INTERPRETER_CONFIG
         kept = self.kept
@@ -320,7 +383,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
     sizes = (B, H, W, C, O, OH, OW, *padding, *dilation, *out.stride())
     meta = dict(KH=KH, KW=KW, HAS_BIAS=bias is not None, OUT_DESC=out_desc)
     grid = lambda m: (B * cdiv(OH, m["BH"]) * cdiv(OW, m["BW"]) * cdiv(O, m["BLOCK_N"]),)
-    return _Plan(copy_x, copy_w, views, out_desc, sizes, meta, grid)
+    return _Plan(_Copies(copy_x, copy_w), views, out_desc, sizes, meta, grid)
 
 
 def _descriptor(t: torch.Tensor, shape: list, strides: list, box: list) -> TensorDescriptor:
