@@ -159,12 +159,12 @@ def conv2d_kernel(
 
 # tiny products take one modest tile: tuning each new shape would cost more than it wins
 SMALL_PRODUCT = 256**3
-# An NCHW x reaches the TMA kernel through channels-last copies of x and the weight: two
-# launches more per call, about 50 µs of host time a call against 25 for this kernel
-# reading x in place (on an H200's host). Which route is faster depends on the layer: on
-# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds), in GPU µs in place / copied /
-# cuDNN, 57.7 / 47.8 / 54.4 at 56x56 with 64 channels, 39.3 / 42.7 / 40.9 at 28x28 with
-# 128, 54.4 / 36.7 / 38.6 at 14x14 with 256. So from NCHW_TIMED_PRODUCT multiply-adds the
+# An NCHW x reaches the TMA kernel through channels-last copies of x and the weight, made
+# by a launch of their own. Which route is faster depends on the layer and on the host: on
+# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place /
+# copied / cuDNN, 57.9 / 47.6 / 53.9 at 56x56 with 64 channels, 40.0 / 40.4 / 39.9 at 28x28
+# with 128, 53.6 / 40.3 / 37.8 at 14x14 with 256 (the copies then two launches, which cost
+# the host 52-73 µs a call against 17-44 in place). So from NCHW_TIMED_PRODUCT multiply-adds the
 # first call of a signature times both routes in a loop, as a user's loop runs them, and
 # keeps the faster (_fastest_in_a_loop). Below it both take less GPU time than the copies'
 # launches cost the host, and x is read in place; from NCHW_TMA_PRODUCT on the GPU's time
