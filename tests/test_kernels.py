@@ -1,6 +1,7 @@
 """Finished kernels against their references: every size, dtype and error path."""
 
 import math
+import time
 import warnings
 
 import pytest
@@ -697,13 +698,14 @@ def test_channels_last_copies_any_layout(shape, view, kernel_launches):
 def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypatch):
     if fast._capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # none of these is timed
     f16 = dict(device=DEVICE, dtype=torch.float16)
     cl = torch.channels_last
     nchw = (torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16))
     cases = [  # x, weight, stride, bias, which kernel
         (torch.randn(4, 64, 28, 28, **f16).to(memory_format=cl),
          torch.randn(64, 64, 3, 3, **f16).to(memory_format=cl), 1, True, "tma"),
-        # NCHW below NCHW_TMA_PRODUCT: read in place, with no copies
+        # NCHW below NCHW_TIMED_PRODUCT: read in place, with no copies
         (*nchw, 1, False, "lesson"),
         # stride 2, or fp32: the lesson's kernel
         (torch.randn(4, 64, 28, 28, **f16).to(memory_format=cl),
@@ -726,7 +728,6 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
     # past NCHW_TMA_PRODUCT, x and the weight are copied channels-last first, untimed
     monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
     monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)
     monkeypatch.setattr(conv2d, "_calls", {})  # the routes chosen before the change go
     bias = torch.randn(136, **f16)
     with recording_launches() as launches:
@@ -741,6 +742,7 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
 def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monkeypatch):
     if fast._capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
+    timer = conv2d._fastest_in_a_loop
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
     bias = torch.randn(136, **f16)
@@ -752,9 +754,9 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
     for chosen, kernels in enumerate(routes):
         offered = []
 
-        def pick(routes, *args, chosen=chosen, offered=offered):
-            offered.append(routes)
-            return routes[chosen]
+        def pick(calls, chosen=chosen, offered=offered):
+            offered.append(calls)
+            return chosen
 
         monkeypatch.setattr(conv2d, "_fastest_in_a_loop", pick)
         monkeypatch.setattr(conv2d, "_calls", {})
@@ -764,16 +766,72 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             assert [launch.kernel for launch in launches] == kernels
             assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
         assert len(offered) == 1 and len(offered[0]) == 2
+    # with the timer itself: one of the two, the same on every call
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", timer)
+    monkeypatch.setattr(conv2d, "_calls", {})
+    kept = []
+    for _ in range(3):
+        with recording_launches() as launches:
+            got = conv2d.conv2d(x, weight, bias, 1, 1)
+        kept.append([launch.kernel for launch in launches])
+        assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
+    assert kept[0] in routes and kept == [kept[0]] * 3
 
 
 @pytest.mark.gpu
-def test_the_route_timer_keeps_the_route_that_is_faster_in_a_loop():
+@pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
+def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
+    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+        pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
+    f16 = dict(device=DEVICE, dtype=torch.float16)
+    x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
+    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # called, it would raise
+    in_place = [conv2d.conv2d_kernel]
+
+    def launched():
+        with recording_launches() as launches:
+            got = conv2d.conv2d(x, weight, None, 1, 1)
+        assert _conv_error(got, x, weight, None, 1, 1, 1) < 2e-3
+        return [launch.kernel for launch in launches]
+
+    # while a CUDA graph is captured: in place, and chosen again on the next call
+    monkeypatch.setattr(conv2d, "_calls", {})
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert launched() == in_place and conv2d._calls == {}
+    capturing[0] = False
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", lambda calls: 1)  # copied
+    assert launched() == [conv2d_tma.channels_last_pair_kernel, conv2d_tma.tma_conv2d_kernel]
+    assert len(conv2d._calls) == 1
+    # under deterministic algorithms: in place, untimed, and kept
+    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)
+    monkeypatch.setattr(conv2d, "_calls", {})
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert launched() == in_place and len(conv2d._calls) == 1
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
+@pytest.mark.gpu
+def test_the_route_timer_keeps_the_call_that_is_faster_in_a_loop():
     image = torch.randn(1, 16, 4, 4, device=DEVICE, dtype=torch.float16)
-    quick = lambda image: conv2d_tma.channels_last(image)  # one small launch
-    slow = lambda image: torch.cuda._sleep(200_000)  # cycles: about 0.1 ms a call
+    quick = lambda: conv2d_tma.channels_last(image)  # one small launch
+    gpu_bound = lambda: torch.cuda._sleep(200_000)  # cycles: about 0.1 ms of GPU time a call
+
+    def host_bound():  # 0.4 ms of the host's time, then the one small launch
+        start = time.perf_counter()
+        while time.perf_counter() - start < 4e-4:
+            pass
+        conv2d_tma.channels_last(image)
+
     with recording_launches() as launches:
-        assert conv2d._fastest_in_a_loop([slow, quick], image) is quick
-        assert conv2d._fastest_in_a_loop([quick, slow], image) is quick
+        assert conv2d._fastest_in_a_loop([gpu_bound, quick]) == 1
+        assert conv2d._fastest_in_a_loop([quick, gpu_bound]) == 0
+        # a timer of the GPU's time alone would keep host_bound
+        assert conv2d._fastest_in_a_loop([host_bound, gpu_bound]) == 1
     assert launches == []  # a benchmark recording a first call's launches sees none of these
 
 

@@ -110,6 +110,9 @@ def unrecorded() -> Iterator[None]:
     """Launches made in the block go unrecorded by an enclosing recording_launches: those
     of a choice timed on a first call, say, which are not that call's."""
     global _recorded
+    if _recorded is None:  # the usual case: nothing to pause, nor to put back
+        yield
+        return
     saved, _recorded = _recorded, None
     try:
         yield

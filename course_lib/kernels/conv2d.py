@@ -18,10 +18,10 @@ lie in K's order (an NCHW model's weight for (c, r, s), a channels-last model's 
 it is not.
 
 On Hopper GPUs, 16-bit stride-1 convolutions go to conv2d_tma.py instead, whose tiles the
-TMA unit moves: channels-last ones always. An NCHW input it copies channels-last first, two
-launches more, which pay for themselves in some layers and not in others: in mid-sized
-products conv2d times both routes on the first call of a signature and keeps the faster
-(see NCHW_TIMED_PRODUCT); small ones stay in place, very large ones are copied.
+TMA unit moves: channels-last ones always. An NCHW input it copies channels-last first, with
+the weight, which pays for itself in some layers and not in others: in mid-sized products
+conv2d times both routes on the first call of a signature and keeps the faster (see
+NCHW_TIMED_PRODUCT); small ones stay in place, very large ones are copied.
 """
 
 from __future__ import annotations
@@ -163,16 +163,17 @@ SMALL_PRODUCT = 256**3
 # by a launch of their own. Which route is faster depends on the layer and on the host: on
 # ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place /
 # copied / cuDNN, 57.9 / 47.6 / 53.9 at 56x56 with 64 channels, 40.0 / 40.4 / 39.9 at 28x28
-# with 128, 53.6 / 40.3 / 37.8 at 14x14 with 256 (the copies then two launches, which cost
-# the host 52-73 µs a call against 17-44 in place). So from NCHW_TIMED_PRODUCT multiply-adds the
-# first call of a signature times both routes in a loop, as a user's loop runs them, and
-# keeps the faster (_fastest_in_a_loop). Below it both take less GPU time than the copies'
-# launches cost the host, and x is read in place; from NCHW_TMA_PRODUCT on the GPU's time
-# decides (at batch 256 on the 28x28 layer, 3.0e10, copied ran at 1.05 of cuDNN and in
-# place at 0.79), and x is copied.
+# with 128, 53.6 / 40.3 / 37.8 at 14x14 with 256 (the two copies then separate launches,
+# which cost the host 52-73 µs a call against 17-44 in place). So from NCHW_TIMED_PRODUCT
+# multiply-adds the first call of a signature times both routes in a loop, as a user's loop
+# runs them, and keeps the faster (_fastest_in_a_loop). Below it both take less GPU time
+# than the copy route costs the host, and x is read in place; from NCHW_TMA_PRODUCT on the
+# GPU's time decides (at batch 256 on the 28x28 layer, 3.0e10, copied ran at 1.05 of cuDNN
+# and in place at 0.79), and x is copied.
 NCHW_TIMED_PRODUCT = 2**30
 NCHW_TMA_PRODUCT = 2**34
-# calls per round when timing routes: three rounds, the best kept
+# how routes are timed (_fastest_in_a_loop): rounds of calls back to back, the best kept
+ROUTE_TIMING_ROUNDS = 3
 ROUTE_TIMING_CALLS = 20
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
 # the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
@@ -247,6 +248,9 @@ class _Call:
     out_shape: tuple
     memory_format: torch.memory_format
     run: Callable[..., None]
+    # False for a route chosen without the timing it needed (see _prepare): the next
+    # call like it chooses again
+    keep: bool = True
 
 
 _calls: dict[tuple, _Call] = {}
@@ -292,12 +296,18 @@ def conv2d(
     Any strides; the output [B, O, OH, OW] comes in x's memory format (channels-last in,
     channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores when
     torch.backends.cudnn.allow_tf32 is True, as torch's convolutions do.
+
+    On Hopper GPUs an NCHW x of mid-sized layers takes whichever of two routes ran faster
+    when the first call of its shape timed them (see NCHW_TIMED_PRODUCT), as cuDNN does
+    under torch.backends.cudnn.benchmark: two processes may choose differently, and their
+    results then differ by rounding. Under torch.use_deterministic_algorithms(True) that
+    first call reads x in place, untimed.
     """
     key = _signature(x, weight, bias, stride, padding, dilation, groups)
     call = None if key is None else _calls.get(key)
     if call is None:
         call = _prepare(x, weight, bias, stride, padding, dilation, groups)
-        if key is not None:
+        if key is not None and call.keep:
             if len(_calls) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
                 _calls.clear()
             _calls[key] = call
@@ -363,58 +373,89 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     # on Hopper, stride-1 convolutions go to the TMA kernel (conv2d_tma.py); an NCHW x, which
     # it copies channels-last first, where that is faster (see NCHW_TIMED_PRODUCT)
     tma = product > SMALL_PRODUCT and conv2d_tma.suits(x, weight, stride)
-    if tma and (channels_last or product >= NCHW_TIMED_PRODUCT):
-        out = torch.empty_like(out, dtype=x.dtype)  # the plan reads its strides
-        plan = conv2d_tma.plan(x_seen, w_seen, bias, out, (pt, pl), dilation)
-        route = lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
-        if not channels_last and product < NCHW_TMA_PRODUCT:  # copied or in place: time both
-            in_place = _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation,
+    in_place = lambda: _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation,
                                      product)  # fmt: skip
-            timeable = not (far_x or far_w or into_graph()) and _outside_capture()
-            out = torch.empty(out.shape, dtype=x.dtype, device=x.device)
-            route = (_fastest_in_a_loop([in_place, route], x, weight, bias, out)
-                     if timeable else in_place)  # fmt: skip
-    else:
-        route = _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation, product)
+    keep = True
+    if not tma or (not channels_last and product < NCHW_TIMED_PRODUCT):
+        route = in_place()
+    elif channels_last or product >= NCHW_TMA_PRODUCT:
+        route = _tma_route(x_seen, w_seen, bias, out, (pt, pl), dilation)
+    elif far_x or far_w or into_graph() or torch.are_deterministic_algorithms_enabled():
+        route = in_place()  # untimed: the same route on every run
+    elif torch.cuda.is_current_stream_capturing():  # no timing inside a CUDA graph
+        route, keep = in_place(), False
+    else:  # an NCHW x in between: the faster of reading it in place and copying it
+        routes = [in_place(), _tma_route(x_seen, w_seen, bias, out, (pt, pl), dilation)]
+        options = (stride, padding, dilation, groups)
+        calls = [
+            _as_conv2d_calls_it(r, x, weight, bias, options, out.shape, memory_format)
+            for r in routes
+        ]
+        route = routes[_fastest_in_a_loop(calls)]
     if far_x or far_w:
         run = route
 
         def route(x, w, b, out):
             run(x.contiguous() if far_x else x, w.contiguous() if far_w else w, b, out)
 
-    return _Call(out.shape, memory_format, route)
+    return _Call(out.shape, memory_format, route, keep)
 
 
-def _fastest_in_a_loop(routes: list[Callable], *args) -> Callable:
-    """Of these ways to run one convolution (functions of x, weight, bias, out), the one
-    that takes the least time per call in a loop of calls on `args`, as a user's loop runs
-    it: each is called once first (its kernels compiled and tuned), then timed over three
-    rounds of ROUTE_TIMING_CALLS calls back to back, its best round kept. A call in a loop
-    takes the longer of the host's time and the GPU's, so a route with more launches wins
-    only where the GPU time it saves outweighs what they cost the host."""
-    stream = torch.cuda.current_stream()
-    times = []
+def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callable:
+    """How the TMA kernel runs this convolution (see conv2d_tma.plan)."""
+    out = torch.empty_like(out, dtype=x.dtype)  # the plan reads its strides
+    plan = conv2d_tma.plan(x, weight, bias, out, padding, dilation)
+    return lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
+
+
+def _as_conv2d_calls_it(route, x, weight, bias, options: tuple, out_shape, memory_format):
+    """A call of `route` on these arguments that costs the host what a kept conv2d() call
+    costs it: the signature's look-up and the output's allocation, then the route."""
+
+    def call() -> None:
+        _calls.get(_signature(x, weight, bias, *options))
+        out = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
+        route(x, weight, bias, out)
+
+    return call
+
+
+def _fastest_in_a_loop(calls: list[Callable[[], None]]) -> int:
+    """Which of these calls takes the least time per call in a loop of it, as a user's loop
+    runs it: each is made once first (its kernels compiled and tuned), then timed over
+    ROUTE_TIMING_ROUNDS rounds of ROUTE_TIMING_CALLS calls back to back, the rounds of the
+    calls in turn, each call's best round kept. In a loop a call takes the longer of the
+    host's time and the GPU's, and a round, timed from its first launch to the end of its
+    last kernel on the GPU's clock, takes the sum of those longer times: so a route with
+    more host work wins only where the GPU time it saves outweighs it. A call that runs
+    out of GPU memory (the copies need room of their own) counts as the slowest."""
+    stream = torch.cuda.current_stream()  # where course_lib's kernels launch
+    best = [float("inf")] * len(calls)
     with unrecorded():  # a benchmark that records the first call's launches gets its own
-        for route in routes:
-            route(*args)
-            best = float("inf")
-            for _ in range(3):
+        usable = [_runs(call) for call in calls]
+        for _ in range(ROUTE_TIMING_ROUNDS):
+            for i, call in enumerate(calls):
+                if not usable[i]:
+                    continue
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 stream.synchronize()  # the GPU idle: the clock starts with the first launch
                 start.record(stream)
                 for _ in range(ROUTE_TIMING_CALLS):
-                    route(*args)
+                    call()
                 end.record(stream)
                 end.synchronize()
-                best = min(best, start.elapsed_time(end))
-            times.append(best)
-    return routes[times.index(min(times))]
+                best[i] = min(best[i], start.elapsed_time(end))
+    return best.index(min(best))
 
 
-def _outside_capture() -> bool:
-    """Whether the GPU may be synchronised with: not while a CUDA graph is being captured."""
-    return not torch.cuda.is_current_stream_capturing()
+def _runs(call: Callable[[], None]) -> bool:
+    """Makes the call once; whether it ran, rather than run out of GPU memory."""
+    try:
+        call()
+    except torch.OutOfMemoryError:
+        return False
+    return True
 
 
 def _copied(t: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:

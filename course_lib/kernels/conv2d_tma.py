@@ -11,16 +11,17 @@ the same way, as [O, kh, kw, C] boxes, and a channels-last output is stored as a
 The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; on an H100
 this one ran the ResNet-50 3x3 layers channels-last at 0.83-0.97 of cuDNN where that one ran
 them at 0.69-0.79 (on an H200, 0.84-0.97 in the benchmark; both by the GPU's clock). It needs
-the channels innermost (channels-last; an NCHW input is copied so first, with its weight,
-by channels_last_pair_kernel below), 16-bit floats, stride 1, and rows a multiple of 16
-bytes apart: `suits` says when. A stride of 2 would need boxes that skip every other pixel, which
-Triton's descriptors do not offer; such convolutions stay with the lesson's kernel.
+the channels innermost (an NCHW input is copied channels-last first, in one launch with its
+weight where both are: channels_last_pair_kernel below), 16-bit floats, stride 1, and rows a
+multiple of 16 bytes apart: `suits` says when. A stride of 2 would need boxes that skip every
+other pixel, which Triton's descriptors do not offer; such convolutions stay with the
+lesson's kernel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -28,7 +29,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
-from course_lib.kernels._launch import MAX_KEPT, KeptLaunch, LeanLauncher, cdiv, layout
+from course_lib.kernels._launch import (
+    MAX_KEPT,
+    KeptLaunch,
+    LeanLauncher,
+    cdiv,
+    layout,
+    next_power_of_2,
+)
 from course_lib.kernels.matmul import grouped_tile
 from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
 
@@ -151,21 +159,23 @@ def _copy_tile(
     mask = (offs_c < C)[:, None] & (offs_p < P)[None, :]
     image = b.to(tl.int64)  # B·C·H·W may pass 2^31
     src = src_ptr + image * stride_b + offs_c[:, None] * stride_c + offs_p[None, :] * stride_p
-    tile = tl.load(src, mask=mask)  # [BLOCK_C, BLOCK_P]
-    tl.store(dst_ptr + image * P * C + offs_p[None, :] * C + offs_c[:, None], tile, mask=mask)
+    block = tl.load(src, mask=mask)  # [BLOCK_C, BLOCK_P]
+    tl.store(dst_ptr + image * P * C + offs_p[None, :] * C + offs_c[:, None], block, mask=mask)
 
 
 channels_last_launcher = LeanLauncher(channels_last_kernel)
 channels_last_pair_launcher = LeanLauncher(channels_last_pair_kernel)
 
 
-def _copy_tile_shape(P: int) -> dict:
-    """channels_last_kernel's tile for images of P pixels: square, 64 x 64, as lesson 03's
-    transpose found best (on an H200 it copied ResNet's NCHW activations at 0.9-2.3 TB/s,
-    2-3x torch's own copy); for a filter's few taps (P = kh·kw = 9, say) as few pixels as
-    cover them and more channels, where a square tile would leave most lanes masked off."""
-    block_p = max(16, min(64, triton.next_power_of_2(P)))
-    return {"BLOCK_C": 4096 // block_p, "BLOCK_P": block_p, "num_warps": 4}
+def _copy_tile_shape(C: int, P: int) -> dict:
+    """channels_last_kernel's tile for images of C channels and P pixels: square, 64 x 64,
+    as lesson 03's transpose found best (on an H200 it copied ResNet's NCHW activations at
+    0.9-2.3 TB/s, 2-3x torch's own copy); for fewer pixels (a filter's kh·kw = 9 taps, say)
+    as few as cover them and more channels, where a square tile would leave most of its
+    lanes masked off."""
+    block_p = max(16, min(64, next_power_of_2(P)))
+    block_c = max(16, min(4096 // block_p, next_power_of_2(C)))
+    return {"BLOCK_C": block_c, "BLOCK_P": block_p, "num_warps": 4}
 
 
 @dataclass
@@ -189,7 +199,7 @@ class _Copy:
             return _Copy(t.shape, (), None)
         stride_p = t.stride(3) if W > 1 else t.stride(2)
         P = H * W
-        tile = _copy_tile_shape(P)
+        tile = _copy_tile_shape(C, P)
         tiles = cdiv(C, tile["BLOCK_C"]) * cdiv(P, tile["BLOCK_P"])
         launch = KeptLaunch(channels_last_launcher, (B * tiles,), tile)
         args = (C, P, t.stride(0), t.stride(1), stride_p)
@@ -217,7 +227,7 @@ class _Copies:
 
     copy_x: _Copy | None
     copy_w: _Copy | None
-    pair: KeptLaunch | None = None
+    pair: KeptLaunch | None = field(init=False, default=None)
 
     def __post_init__(self):
         x, w = self.copy_x, self.copy_w
