@@ -785,8 +785,8 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
-    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # called, it would raise
+    monkeypatch.setattr(conv2d, "_calls", {})
     in_place = [conv2d.conv2d_kernel]
 
     def launched():
@@ -795,6 +795,8 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
         assert _conv_error(got, x, weight, None, 1, 1, 1) < 2e-3
         return [launch.kernel for launch in launches]
 
+    assert launched() == in_place  # below NCHW_TIMED_PRODUCT, untimed; and its tiles tuned
+    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)  # from here on, a timed size
     # while a CUDA graph is captured: in place, and chosen again on the next call
     monkeypatch.setattr(conv2d, "_calls", {})
     capturing = [True]
