@@ -821,11 +821,11 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
 def test_the_route_timer_keeps_the_call_that_is_faster_in_a_loop():
     image = torch.randn(1, 16, 4, 4, device=DEVICE, dtype=torch.float16)
     quick = lambda: conv2d_tma.channels_last(image)  # one small launch
-    gpu_bound = lambda: torch.cuda._sleep(200_000)  # cycles: about 0.1 ms of GPU time a call
+    gpu_bound = lambda: torch.cuda._sleep(1_000_000)  # cycles: about 0.5 ms of GPU time
 
-    def host_bound():  # 0.4 ms of the host's time, then the one small launch
+    def host_bound():  # 2 ms of the host's time, then the one small launch
         start = time.perf_counter()
-        while time.perf_counter() - start < 4e-4:
+        while time.perf_counter() - start < 2e-3:
             pass
         conv2d_tma.channels_last(image)
 
