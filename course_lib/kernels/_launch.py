@@ -169,8 +169,18 @@ def into_graph() -> bool:
 
 
 _INTERNALS = None if runtime.INTERPRETED else _triton_internals()
-# compiled kernels a launcher keeps at most, one per specialisation and set of sizes
+# compiled kernels a launcher keeps at most, one per specialisation and set of sizes; and
+# plans a finished kernel keeps at most, one per signature of its arguments
 MAX_KEPT = 1024
+
+
+def keep(store: dict, key, value):
+    """store[key] = value, store emptied first where it holds MAX_KEPT entries already (a
+    loop over ever new sizes: start afresh); returns value."""
+    if len(store) >= MAX_KEPT:
+        store.clear()
+    store[key] = value
+    return value
 
 
 @dataclass
@@ -235,9 +245,7 @@ class LeanLauncher:
         key = (device, features, *meta.items())
         entry = self._compiled.get(key)
         if entry is None:
-            if len(self._compiled) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
-                self._compiled.clear()
-            entry = self._compiled[key] = self._first_launch(grid, args, meta)
+            entry = keep(self._compiled, key, self._first_launch(grid, args, meta))
         else:
             self.run_compiled(entry, grid, args, meta, device)
         return device, entry

@@ -36,12 +36,12 @@ import triton.language as tl
 from course_lib import runtime
 from course_lib.kernels import conv2d_tma
 from course_lib.kernels._launch import (
-    MAX_KEPT,
     KeptLaunch,
     LeanLauncher,
     cdiv,
     check_same,
     into_graph,
+    keep,
     layout,
     unrecorded,
 )
@@ -252,6 +252,13 @@ class _Call:
     # call like it chooses again
     keep: bool = True
 
+    def __call__(self, x, weight, bias) -> torch.Tensor:
+        """The convolution, into a new output."""
+        out = torch.empty(self.out_shape, dtype=x.dtype, device=x.device,
+                          memory_format=self.memory_format)  # fmt: skip
+        self.run(x, weight, bias, out)
+        return out
+
 
 _calls: dict[tuple, _Call] = {}
 
@@ -308,13 +315,8 @@ def conv2d(
     if call is None:
         call = _prepare(x, weight, bias, stride, padding, dilation, groups)
         if key is not None and call.keep:
-            if len(_calls) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
-                _calls.clear()
-            _calls[key] = call
-    out = torch.empty(call.out_shape, dtype=x.dtype, device=x.device,
-                      memory_format=call.memory_format)  # fmt: skip
-    call.run(x, weight, bias, out)
-    return out
+            keep(_calls, key, call)
+    return call(x, weight, bias)
 
 
 def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
@@ -375,7 +377,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     tma = product > SMALL_PRODUCT and conv2d_tma.suits(x, weight, stride)
     in_place = lambda: _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation,
                                      product)  # fmt: skip
-    keep = True
+    kept = True
     if not tma or (not channels_last and product < NCHW_TIMED_PRODUCT):
         route = in_place()
     elif channels_last or product >= NCHW_TMA_PRODUCT:
@@ -383,14 +385,12 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     elif far_x or far_w or into_graph() or torch.are_deterministic_algorithms_enabled():
         route = in_place()  # untimed: the same route on every run
     elif torch.cuda.is_current_stream_capturing():  # no timing inside a CUDA graph
-        route, keep = in_place(), False
+        route, kept = in_place(), False
     else:  # an NCHW x in between: the faster of reading it in place and copying it
         routes = [in_place(), _tma_route(x_seen, w_seen, bias, out, (pt, pl), dilation)]
         options = (stride, padding, dilation, groups)
-        calls = [
-            _as_conv2d_calls_it(r, x, weight, bias, options, out.shape, memory_format)
-            for r in routes
-        ]
+        calls = [_as_conv2d_calls_it(_Call(out.shape, memory_format, r), x, weight, bias, options)
+                 for r in routes]  # fmt: skip
         route = routes[_fastest_in_a_loop(calls)]
     if far_x or far_w:
         run = route
@@ -398,7 +398,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
         def route(x, w, b, out):
             run(x.contiguous() if far_x else x, w.contiguous() if far_w else w, b, out)
 
-    return _Call(out.shape, memory_format, route, keep)
+    return _Call(out.shape, memory_format, route, kept)
 
 
 def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callable:
@@ -408,16 +408,15 @@ def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callabl
     return lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
 
 
-def _as_conv2d_calls_it(route, x, weight, bias, options: tuple, out_shape, memory_format):
-    """A call of `route` on these arguments that costs the host what a kept conv2d() call
-    costs it: the signature's look-up and the output's allocation, then the route."""
+def _as_conv2d_calls_it(call: _Call, x, weight, bias, options: tuple) -> Callable[[], None]:
+    """`call` on these arguments at the host's cost of a kept conv2d() call: the
+    signature's look-up, then the call (the output's allocation and the route)."""
 
-    def call() -> None:
+    def as_called() -> None:
         _calls.get(_signature(x, weight, bias, *options))
-        out = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
-        route(x, weight, bias, out)
+        call(x, weight, bias)
 
-    return call
+    return as_called
 
 
 def _fastest_in_a_loop(calls: list[Callable[[], None]]) -> int:

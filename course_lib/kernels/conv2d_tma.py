@@ -30,10 +30,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
 from course_lib.kernels._launch import (
-    MAX_KEPT,
     KeptLaunch,
     LeanLauncher,
     cdiv,
+    keep,
     layout,
     next_power_of_2,
 )
@@ -188,9 +188,7 @@ class _Copy:
 
     shape: tuple
     args: tuple  # C, P and the three strides
-    launch: KeptLaunch | None  # None: torch copies
-    programs: int = 0  # channels_last_kernel's
-    tile: dict | None = None  # its BLOCK_C, BLOCK_P and num_warps
+    launch: KeptLaunch | None  # None: torch copies; else its grid and tile are the copy's
 
     @staticmethod
     def of(t: torch.Tensor) -> _Copy:
@@ -202,8 +200,7 @@ class _Copy:
         tile = _copy_tile_shape(C, P)
         tiles = cdiv(C, tile["BLOCK_C"]) * cdiv(P, tile["BLOCK_P"])
         launch = KeptLaunch(channels_last_launcher, (B * tiles,), tile)
-        args = (C, P, t.stride(0), t.stride(1), stride_p)
-        return _Copy(t.shape, args, launch, B * tiles, tile)
+        return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), launch)
 
     def empty_like(self, t: torch.Tensor) -> torch.Tensor:
         return torch.empty(self.shape, dtype=t.dtype, device=t.device,
@@ -228,20 +225,22 @@ class _Copies:
     copy_x: _Copy | None
     copy_w: _Copy | None
     pair: KeptLaunch | None = field(init=False, default=None)
+    x_args: tuple = field(init=False, default=())  # the pair's for x, x_programs last
 
     def __post_init__(self):
         x, w = self.copy_x, self.copy_w
         if x is not None and w is not None and x.launch is not None and w.launch is not None:
-            tiles = {"W_BLOCK_C": w.tile["BLOCK_C"], "W_BLOCK_P": w.tile["BLOCK_P"]}
-            grid = (x.programs + w.programs,)
-            self.pair = KeptLaunch(channels_last_pair_launcher, grid, x.tile | tiles)
+            x_programs, w_programs = x.launch.grid[0], w.launch.grid[0]
+            tiles = {"W_BLOCK_C": w.launch.meta["BLOCK_C"], "W_BLOCK_P": w.launch.meta["BLOCK_P"]}
+            self.pair = KeptLaunch(channels_last_pair_launcher, (x_programs + w_programs,),
+                                   x.launch.meta | tiles)  # fmt: skip
+            self.x_args = (*x.args, x_programs)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> tuple:
         """(x, weight), each copied where this was worked out to copy it."""
         if self.pair is not None:
             x_copy, w_copy = self.copy_x.empty_like(x), self.copy_w.empty_like(weight)
-            self.pair(x, x_copy, *self.copy_x.args, self.copy_x.programs,
-                      weight, w_copy, *self.copy_w.args)  # fmt: skip
+            self.pair(x, x_copy, *self.x_args, weight, w_copy, *self.copy_w.args)
             return x_copy, w_copy
         if self.copy_x is not None:
             x = self.copy_x(x)
@@ -418,8 +417,6 @@ def tma_conv2d(
     key = (layout(x), layout(weight), layout(bias), layout(out), padding, dilation)
     kept = _plans.get(key)
     if kept is None:
-        if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
-            _plans.clear()
-        kept = _plans[key] = plan(x, weight, bias, out, padding, dilation)
+        kept = keep(_plans, key, plan(x, weight, bias, out, padding, dilation))
     kept(x, weight, bias, out, config)
     return out

@@ -22,11 +22,11 @@ from torch.autograd.function import once_differentiable
 from course_lib import runtime
 from course_lib.kernels import matmul_fast_paths as fast
 from course_lib.kernels._launch import (
-    MAX_KEPT,
     KeptLaunch,
     LeanLauncher,
     cdiv,
     into_graph,
+    keep,
     layout,
 )
 from course_lib.kernels.matmul import (
@@ -163,7 +163,7 @@ def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
     precision = "tf32" if tf32 else "ieee"
     # large products only: measured on an H100, a 1024^3 bf16 forward with GELU ran at 44
     # TFLOP/s there against 147 in linear_kernel
-    if not save_z and M * N * K >= fast.TMA_MIN_PRODUCT and fast._tma_suits(a, b, c, tf32):
+    if not save_z and fast._tma_takes(a, b, c, tf32):
         launch = fast._tma_launch_for(a, b, c, activation or "", precision, None, bias is not None)
         return lambda a, b, c, bias, z: launch(a, b, c, bias)
     meta = dict(
@@ -322,9 +322,7 @@ class _Plan:
         )  # fmt: skip
         steps = self.backwards.get(key)
         if steps is None:
-            if len(self.backwards) >= MAX_KEPT:  # ever new layouts of grad_y: start afresh
-                self.backwards.clear()
-            steps = self.backwards[key] = Backward(self.activation, bias_grad)
+            steps = keep(self.backwards, key, Backward(self.activation, bias_grad))
         return steps(grad_y, x2d, weight, saved)
 
 
@@ -359,9 +357,7 @@ def _plan(x, weight, bias, activation) -> _Plan:
             _check(x, weight, bias, activation)
         plan = _Plan(x, weight, activation)
         if key is not None:
-            if len(_plans) >= MAX_KEPT:  # a loop over ever new sizes: start afresh
-                _plans.clear()
-            _plans[key] = plan
+            keep(_plans, key, plan)
     return plan
 
 

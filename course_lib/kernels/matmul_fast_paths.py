@@ -25,11 +25,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from course_lib import runtime
 from course_lib.interpreter_guard import span
 from course_lib.kernels._launch import (
-    MAX_KEPT,
     KeptLaunch,
     LeanLauncher,
     cdiv,
     into_graph,
+    keep,
     layout,
     tuned_config,
 )
@@ -156,15 +156,13 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
     route.launch(a, b, c)
     if layout is None:
         return c
-    if len(_routes) >= MAX_KEPT:
-        _routes.clear()
-    _routes[layout] = route
+    keep(_routes, layout, route)
     return c
 
 
 def _expert_launch(a, b, c, activation: str | None, tf32: bool) -> Callable | None:
     """The launch of an expert path that takes operands laid out like these, if one does."""
-    if a.shape[0] * a.shape[1] * b.shape[1] >= TMA_MIN_PRODUCT and _tma_suits(a, b, c, tf32):
+    if _tma_takes(a, b, c, tf32):
         precision = "tf32" if tf32 else "ieee"
         return _tma_launch_for(a, b, c, activation or "", precision, config=None)
     if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
@@ -364,6 +362,12 @@ def _scratch_memory(size: int, alignment: int, stream: int | None) -> torch.Tens
 
 
 tma_matmul_kernel.add_pre_run_hook(_before_device_descriptors)
+
+
+def _tma_takes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
+    """Whether this product goes to tma_matmul_kernel: from TMA_MIN_PRODUCT multiply-adds,
+    where the kernel takes it (_tma_suits)."""
+    return a.shape[0] * a.shape[1] * b.shape[1] >= TMA_MIN_PRODUCT and _tma_suits(a, b, c, tf32)
 
 
 def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
