@@ -378,7 +378,8 @@ def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
         (large, torch.float16, False, False, 0, True),
         (large, torch.bfloat16, False, True, 0, True),
         (large, torch.float32, True, True, 0, True),
-        (large, torch.float32, True, False, 0, False),  # tf32_b_first_kernel
+        (large, torch.float32, True, False, 0, True),  # B copied K-major first
+        (large, torch.float32, True, False, 2, False),  # C's rows 8232 bytes: B-first
         (large, torch.float32, False, True, 0, False),  # exact fp32: no tensor cores
         (large, torch.float16, False, False, 1, False),  # C's rows 4114 bytes apart
         # a product this size takes less GPU time than the TMA launch takes host time, so it
@@ -410,6 +411,28 @@ def test_padded_copy_keeps_the_values_and_pads_the_rows(layout, contiguous_axis)
     copy = fast.padded_copy(t, contiguous_axis)
     assert torch.equal(copy, t)
     assert copy.stride(contiguous_axis) == 1 and copy.stride(1 - contiguous_axis) % 16 == 0
+
+
+def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_it(monkeypatch):
+    monkeypatch.setattr(runtime, "INTERPRETED", False)
+    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
+    meta = dict(device="meta")
+    m, n, k = 2048, 2056, 2050  # just past TMA_MIN_PRODUCT
+    a, b = torch.empty(m, k, **meta), torch.empty(k, n, **meta)
+    assert fast._copies_b_k_major(a, b, a_copied=False)
+    every_other = torch.empty(k, 2 * n, **meta)[:, ::2]  # any layout but K-major is copied
+    assert fast._copies_b_k_major(a, every_other, a_copied=False)
+    assert not fast._copies_b_k_major(a, torch.empty(n, k, **meta).t(), a_copied=False)
+    assert not fast._copies_b_k_major(a, torch.empty(k, n + 2, **meta), a_copied=False)  # C's rows
+    assert not fast._copies_b_k_major(a[:1024], b, a_copied=False)  # below TMA_MIN_PRODUCT
+    a_off = torch.empty(m, k + 1, **meta)[:, 1:]  # starts 4 bytes past a 16-byte boundary
+    assert not fast._copies_b_k_major(a_off, b, a_copied=False)
+    assert fast._copies_b_k_major(a_off, b, a_copied=True)  # its copy is aligned
+    monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
+    assert not fast._copies_b_k_major(a, b, a_copied=False)
+    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(runtime, "INTERPRETED", True)
+    assert not fast._copies_b_k_major(a, b, a_copied=False)
 
 
 def test_views_that_reach_past_32_bit_offsets_are_copied(monkeypatch):

@@ -141,7 +141,8 @@ def matmul_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         dtype=torch.float16, ceiling_tflops=half_ceiling, b_k_major=True,
     )  # fmt: skip
     # fp32 runs as TF32 on both sides, the fair fight on tensor cores; B comes row-major,
-    # which the kernel puts first in its dot, and K-major, as a Linear layer's weight
+    # which matmul copies K-major (large products on Hopper) or puts first in its dot, and
+    # K-major, as a Linear layer's weight
     ceiling = None
     for b_k_major in (False, True):
         with runtime.tf32(True):
