@@ -414,6 +414,8 @@ def test_padded_copy_keeps_the_values_and_pads_the_rows(layout, contiguous_axis)
 
 
 def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_it(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     monkeypatch.setattr(runtime, "INTERPRETED", False)
     monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
     meta = dict(device="meta")
@@ -428,6 +430,11 @@ def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_
     a_off = torch.empty(m, k + 1, **meta)[:, 1:]  # starts 4 bytes past a 16-byte boundary
     assert not fast._copies_b_k_major(a_off, b, a_copied=False)
     assert fast._copies_b_k_major(a_off, b, a_copied=True)  # its copy is aligned
+    with FakeTensorMode():  # traced into a graph: no address, only an offset
+        fake_a, fake_b = torch.empty(m, k + 1)[:, 1:], torch.empty(k, n)
+        monkeypatch.setattr(fast, "into_graph", lambda: True)
+        assert not fast._copies_b_k_major(fake_a, fake_b, a_copied=False)
+        assert fast._copies_b_k_major(fake_a[:, 3:], fake_b, a_copied=False)
     monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
     assert not fast._copies_b_k_major(a, b, a_copied=False)
     monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))

@@ -172,7 +172,7 @@ def _copies_b_k_major(a: torch.Tensor, b: torch.Tensor, a_copied: bool) -> bool:
     (M, K), N = a.shape, b.shape[1]
     if _column_major(b) or M * K * N < TMA_MIN_PRODUCT or N % 4 != 0:
         return False
-    if not (a_copied or a.data_ptr() % 16 == 0):
+    if not (a_copied or _start(a) % 16 == 0):
         return False
     return not runtime.INTERPRETED and _capability(a.get_device()) in TMA_GPUS
 
@@ -421,12 +421,16 @@ def _tma_rule_broken(t: torch.Tensor) -> str | None:
         return "its last axis must be contiguous (b: either axis)"
     if row_stride < t.shape[1] or row_stride * t.element_size() % 16 != 0:
         return "its rows must not overlap and must lie a multiple of 16 bytes apart"
-    # a traced tensor has no address: Inductor starts its buffers 16-byte aligned, and
-    # copies an input that is not when its graph was compiled for an aligned one
-    start = t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
-    if start % 16 != 0:
+    if _start(t) % 16 != 0:
         return "it must start at a 16-byte aligned address"
     return None
+
+
+def _start(t: torch.Tensor) -> int:
+    """Where `t` starts, as far as its alignment goes. A traced tensor has no address:
+    Inductor starts its buffers 16-byte aligned, and copies an input that is not when its
+    graph was compiled for an aligned one."""
+    return t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
 
 
 @functools.cache
