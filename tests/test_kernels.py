@@ -326,7 +326,7 @@ def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     assert not suits(a, torch.randn(48, 36).to(f16))  # C's rows 72 bytes apart
     a32, b32 = torch.randn(64, 48), torch.randn(48, 32)
     assert suits(a32, b32.t().contiguous().t(), tf32=True)  # TF32, B K-major
-    assert not suits(a32, b32, tf32=True)  # TF32, B row-major: tf32_b_first_kernel
+    assert not suits(a32, b32, tf32=True)  # TF32, B row-major: B-first, or a copy
     assert not suits(a32, b32.t().contiguous().t())  # exact fp32: no tensor cores
     assert not suits(a.double(), b.double().t().contiguous().t())  # float64: no TMA kernel
     monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
@@ -373,13 +373,15 @@ def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
     monkeypatch.setattr(fast, "_routes", {})  # each product chooses its route afresh
     # past SMALL_PRODUCT, none a multiple of the large tiles; the first below TMA_MIN_PRODUCT
     medium, large = (1032, 1040, 1048), (2048, 2056, 2050)
-    assert math.prod(medium) < fast.TMA_MIN_PRODUCT <= math.prod(large)
+    tall = (fast.TF32_COPY_MIN_ROWS, 1028, 2048)  # enough rows of A to copy a TF32 B
+    assert math.prod(medium) < fast.TMA_MIN_PRODUCT <= min(math.prod(large), math.prod(tall))
     cases = [  # shape, dtype, TF32 allowed, B K-major, N + extra, whether the TMA kernel takes it
         (large, torch.float16, False, False, 0, True),
         (large, torch.bfloat16, False, True, 0, True),
         (large, torch.float32, True, True, 0, True),
-        (large, torch.float32, True, False, 0, True),  # B copied K-major first
-        (large, torch.float32, True, False, 2, False),  # C's rows 8232 bytes: B-first
+        (tall, torch.float32, True, False, 0, True),  # B copied K-major first
+        (tall, torch.float32, True, False, 2, False),  # C's rows 4120 bytes: B-first
+        (large, torch.float32, True, False, 0, False),  # too few rows of A: B-first
         (large, torch.float32, False, True, 0, False),  # exact fp32: no tensor cores
         (large, torch.float16, False, False, 1, False),  # C's rows 4114 bytes apart
         # a product this size takes less GPU time than the TMA launch takes host time, so it
@@ -419,27 +421,46 @@ def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_
     monkeypatch.setattr(runtime, "INTERPRETED", False)
     monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
     meta = dict(device="meta")
-    m, n, k = 2048, 2056, 2050  # just past TMA_MIN_PRODUCT
+
+    def copies(a, b, a_copied=False):
+        chosen = fast._copies_b_k_major(a, b, a_copied)
+        if chosen:  # then the TMA kernel takes the copies, as first_call makes them
+            (rows, depth), cols = a.shape, b.shape[1]
+            padded = -(-depth // 16) * 16
+            a = torch.empty_strided((rows, depth), (padded, 1), **meta) if a_copied else a
+            b_copy = torch.empty_strided((depth, cols), (1, padded), **meta)
+            assert fast._tma_suits(a, b_copy, torch.empty(rows, cols, **meta), tf32=True)
+        return chosen
+
+    m, n, k = fast.TF32_COPY_MIN_ROWS, 1028, 2048  # just past TMA_MIN_PRODUCT
+    assert m * n * k >= fast.TMA_MIN_PRODUCT > m * n * k // 2
     a, b = torch.empty(m, k, **meta), torch.empty(k, n, **meta)
-    assert fast._copies_b_k_major(a, b, a_copied=False)
-    every_other = torch.empty(k, 2 * n, **meta)[:, ::2]  # any layout but K-major is copied
-    assert fast._copies_b_k_major(a, every_other, a_copied=False)
-    assert not fast._copies_b_k_major(a, torch.empty(n, k, **meta).t(), a_copied=False)
-    assert not fast._copies_b_k_major(a, torch.empty(k, n + 2, **meta), a_copied=False)  # C's rows
-    assert not fast._copies_b_k_major(a[:1024], b, a_copied=False)  # below TMA_MIN_PRODUCT
-    a_off = torch.empty(m, k + 1, **meta)[:, 1:]  # starts 4 bytes past a 16-byte boundary
-    assert not fast._copies_b_k_major(a_off, b, a_copied=False)
-    assert fast._copies_b_k_major(a_off, b, a_copied=True)  # its copy is aligned
+    assert copies(a, b)
+    assert copies(a, torch.empty(k, 2 * n, **meta)[:, ::2])  # any layout but K-major
+    assert not copies(a, torch.empty(n, k, **meta).t())  # K-major already
+    assert not copies(a, torch.empty(k, n + 2, **meta))  # C's rows 4120 bytes apart
+    assert not copies(a[: m // 2], torch.empty(k, 2 * n, **meta))  # too few rows of A
+    assert not copies(a[:, : k // 2], b[: k // 2])  # below TMA_MIN_PRODUCT
+    a_off = torch.empty(m, k + 4, **meta)[:, 1 : k + 1]  # starts 4 bytes past a boundary
+    assert not copies(a_off, b)
+    assert copies(a_off, b, a_copied=True)  # its copy is aligned
+    assert not copies(torch.empty(1, k, **meta).expand(m, k), b)  # rows on top of each other
+    # K x N fits in 32-bit offsets, N rows of K padded to 2048 do not: B-first takes it
+    wide_k, wide_n = 2047, 1048580
+    assert wide_k * wide_n < 2**31 <= 2048 * wide_n
+    wide_b = torch.empty(wide_k, wide_n, **meta)
+    assert not copies(torch.empty(m, wide_k, **meta), wide_b, a_copied=True)
     with FakeTensorMode():  # traced into a graph: no address, only an offset
-        fake_a, fake_b = torch.empty(m, k + 1)[:, 1:], torch.empty(k, n)
+        fake_a, fake_b = torch.empty(m, k + 4)[:, 1 : k + 1], torch.empty(k, n)
         monkeypatch.setattr(fast, "into_graph", lambda: True)
         assert not fast._copies_b_k_major(fake_a, fake_b, a_copied=False)
-        assert fast._copies_b_k_major(fake_a[:, 3:], fake_b, a_copied=False)
+        assert fast._copies_b_k_major(torch.empty(m, k + 4)[:, 4:], fake_b, a_copied=False)
+        monkeypatch.setattr(fast, "into_graph", lambda: False)
     monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
-    assert not fast._copies_b_k_major(a, b, a_copied=False)
+    assert not copies(a, b)
     monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
     monkeypatch.setattr(runtime, "INTERPRETED", True)
-    assert not fast._copies_b_k_major(a, b, a_copied=False)
+    assert not copies(a, b)
 
 
 def test_views_that_reach_past_32_bit_offsets_are_copied(monkeypatch):

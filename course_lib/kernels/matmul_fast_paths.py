@@ -5,7 +5,7 @@ a Route for it, kept for the next calls (`known_route`):
 
 - copies of A and B with rows a multiple of 16 elements apart where they are not, so
   that tiles load 16 bytes at a time (and of views too wide for 32-bit offsets);
-- TF32 products whose B has N contiguous go to `tf32_b_first_kernel`, which computes
+- TF32 products whose B is not K-major go to `tf32_b_first_kernel`, which computes
   C^T = B^T A^T to suit the tensor cores, or, large ones on Hopper, copy B with K
   contiguous first (`_copies_b_k_major`); on the Hopper GPUs in TMA_GPUS, large products
   go to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit; the lesson's
@@ -81,6 +81,13 @@ TMA_GPUS = {(9, 0)}
 # in both on the GPU's clock (173-193 against 174), while the host spent 43 µs a call
 # launching the TMA kernel and 16 launching the lesson's
 TMA_MIN_PRODUCT = 2048**3
+# A TF32 product with a B that is not K-major copies B K-major for tma_matmul_kernel where
+# A has this many rows or more (and the product is past TMA_MIN_PRODUCT): the copy's cost
+# grows with B, the product's with A's rows too. On an H200 (B row-major on both sides) the
+# copy and the TMA kernel ran at 0.92-1.06 of torch with 4096 rows or more, against
+# 0.82-1.03 in tf32_b_first_kernel (0.92 against 0.87 at 4096^3); level at 3072 rows;
+# behind at 2048 (0.84 against 0.90 at 2048 x 4096 x 4096)
+TF32_COPY_MIN_ROWS = 4096
 
 
 @dataclass
@@ -138,8 +145,8 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
     kept for the next calls with this layout.
 
     A and B are first copied where `_copy_axis` says so. TF32 wants A with K contiguous
-    and takes B either way: one with N contiguous goes B-first (tf32_b_first_kernel), or
-    is copied K-major where `_copies_b_k_major` says so. On the Hopper GPUs in TMA_GPUS
+    and takes B either way: one that is not K-major goes B-first (tf32_b_first_kernel),
+    or is copied K-major where `_copies_b_k_major` says so. On the Hopper GPUs in TMA_GPUS
     large products go to tma_matmul_kernel. The lesson's kernel takes the rest."""
     layout, tf32 = _layout(a, b, activation), _tf32(a)
     M, N = a.shape[0], b.shape[1]
@@ -165,14 +172,14 @@ def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torc
 def _copies_b_k_major(a: torch.Tensor, b: torch.Tensor, a_copied: bool) -> bool:
     """Whether a TF32 product whose B is not K-major copies B with K contiguous for
     tma_matmul_kernel, rather than going B-first: on the GPUs in TMA_GPUS, from
-    TMA_MIN_PRODUCT multiply-adds, where C's rows and A (or its copy) suit the TMA unit.
-    On an H200, square products with B row-major on both sides: the copy and the TMA
-    kernel ran at 0.91 of torch at 4096^3 and 0.98 at 8192^3, tf32_b_first_kernel at
-    0.86 and 0.81; the copy took as long as torch.clone of B (37 and 134 µs)."""
+    TMA_MIN_PRODUCT multiply-adds and TF32_COPY_MIN_ROWS rows of A, where A (or its copy),
+    C and the copy of B all suit the TMA unit."""
     (M, K), N = a.shape, b.shape[1]
-    if _column_major(b) or M * K * N < TMA_MIN_PRODUCT or N % 4 != 0:
+    if _column_major(b) or M < TF32_COPY_MIN_ROWS or M * K * N < TMA_MIN_PRODUCT:
         return False
-    if not (a_copied or _start(a) % 16 == 0):
+    if N % 4 != 0 or span((N, K), (cdiv(K, 16) * 16, 1)) >= 2**31:  # C's rows; B's copy
+        return False
+    if not (a_copied or _tma_rule_broken(a) is None):
         return False
     return not runtime.INTERPRETED and _capability(a.get_device()) in TMA_GPUS
 
@@ -421,16 +428,12 @@ def _tma_rule_broken(t: torch.Tensor) -> str | None:
         return "its last axis must be contiguous (b: either axis)"
     if row_stride < t.shape[1] or row_stride * t.element_size() % 16 != 0:
         return "its rows must not overlap and must lie a multiple of 16 bytes apart"
-    if _start(t) % 16 != 0:
+    # a traced tensor has no address: Inductor starts its buffers 16-byte aligned, and
+    # copies an input that is not when its graph was compiled for an aligned one
+    start = t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
+    if start % 16 != 0:
         return "it must start at a 16-byte aligned address"
     return None
-
-
-def _start(t: torch.Tensor) -> int:
-    """Where `t` starts, as far as its alignment goes. A traced tensor has no address:
-    Inductor starts its buffers 16-byte aligned, and copies an input that is not when its
-    graph was compiled for an aligned one."""
-    return t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
 
 
 @functools.cache
