@@ -439,7 +439,8 @@ def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_
     assert copies(a, torch.empty(k, 2 * n, **meta)[:, ::2])  # any layout but K-major
     assert not copies(a, torch.empty(n, k, **meta).t())  # K-major already
     assert not copies(a, torch.empty(k, n + 2, **meta))  # C's rows 4120 bytes apart
-    assert not copies(a[: m // 2], torch.empty(k, 2 * n, **meta))  # too few rows of A
+    few_rows = torch.empty(m // 2, 2 * k, **meta)  # as large a product, half the rows
+    assert not copies(few_rows, torch.empty(2 * k, n, **meta))
     assert not copies(a[:, : k // 2], b[: k // 2])  # below TMA_MIN_PRODUCT
     a_off = torch.empty(m, k + 4, **meta)[:, 1 : k + 1]  # starts 4 bytes past a boundary
     assert not copies(a_off, b)
