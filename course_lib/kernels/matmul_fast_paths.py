@@ -177,7 +177,7 @@ def _copies_b_k_major(a: torch.Tensor, b: torch.Tensor, a_copied: bool) -> bool:
     (M, K), N = a.shape, b.shape[1]
     if _column_major(b) or M < TF32_COPY_MIN_ROWS or M * K * N < TMA_MIN_PRODUCT:
         return False
-    if N % 4 != 0 or span((N, K), (cdiv(K, 16) * 16, 1)) >= 2**31:  # C's rows; B's copy
+    if N % 4 != 0 or not padded_copy_fits(b, contiguous_axis=0):  # C's rows; B's copy
         return False
     if not (a_copied or _tma_rule_broken(a) is None):
         return False
@@ -596,6 +596,13 @@ def padded_copy(t: torch.Tensor, contiguous_axis: int) -> torch.Tensor:
     return PaddedCopy.of(t, contiguous_axis)(t)
 
 
+def padded_copy_fits(t: torch.Tensor, contiguous_axis: int) -> bool:
+    """Whether padded_copy(t, contiguous_axis) stays below 2^31 elements, within the
+    kernel's 32-bit offsets."""
+    rows, cols = t.shape if contiguous_axis == 1 else t.shape[::-1]
+    return span((rows, cols), (cdiv(cols, 16) * 16, 1)) < 2**31
+
+
 @dataclass
 class PaddedCopy:
     """padded_copy worked out for one layout of `t` (shape, strides, dtype and alignment),
@@ -612,7 +619,7 @@ class PaddedCopy:
         src = t if contiguous_axis == 1 else t.t()  # the axis to make contiguous, last
         rows, cols = src.shape
         padded_cols = cdiv(cols, 16) * 16
-        if span((rows, cols), (padded_cols, 1)) >= 2**31:
+        if not padded_copy_fits(t, contiguous_axis):
             raise ValueError(
                 f"matmul: an operand of shape {list(t.shape)} needs 2^31 elements of memory or "
                 "more once its rows are padded to a multiple of 16 elements, past what this "
