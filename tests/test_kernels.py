@@ -654,6 +654,27 @@ def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
         assert _conv_error(got, x, weight, None, 1, 1, 1) < 1e-5
 
 
+def test_conv2d_copies_a_strided_weight_of_any_size_in_large_products(monkeypatch):
+    # from COPY_WEIGHT_PRODUCT multiply-adds on, even a small weight whose rows are not in
+    # K's order is copied first; below it, and for a weight in K's order, none is
+    copies = []
+    copied = conv2d._copied
+    monkeypatch.setattr(conv2d, "_copied", lambda t, *f: copies.append(t.shape) or copied(t, *f))
+    x = torch.randn(2, 20, 7, 6, device=DEVICE)  # NCHW: K in (r, s, c) order
+    product = 2 * 7 * 6 * 5 * 20 * 3 * 3
+    nchw = torch.randn(5, 20, 3, 3, device=DEVICE)
+    in_k_order = nchw.contiguous(memory_format=torch.channels_last)
+    for limit, weight, copied_w in [(product + 1, nchw, False), (product, nchw, True),
+                                    (product, in_k_order, False)]:  # fmt: skip
+        monkeypatch.setattr(conv2d, "COPY_WEIGHT_PRODUCT", limit)
+        monkeypatch.setattr(conv2d, "_calls", {})
+        copies.clear()
+        with torch.backends.cudnn.flags(allow_tf32=False):
+            got = conv2d.conv2d(x, weight, padding=1)
+        assert copies == ([weight.shape] if copied_w else []), (limit, weight.stride())
+        assert _conv_error(got, x, weight, None, 1, 1, 1) < 1e-5
+
+
 def test_conv2d_takes_a_bias_of_any_strides():
     x = torch.randn(1, 4, 6, 6, device=DEVICE)
     weight = torch.randn(4, 4, 3, 3, device=DEVICE)

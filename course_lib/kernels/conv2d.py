@@ -14,8 +14,8 @@ tile would be mostly padding, so K runs (c, r, s), each lane a tap of its own, o
 input (copied so where it is channels-last), whose tiles are loaded along the pixels that
 lie side by side. The weight is read as an [O, K] matrix, in contiguous runs where its rows
 lie in K's order (an NCHW model's weight for (c, r, s), a channels-last model's for
-(r, s, c)); otherwise through its strides if it is small, and from a copy in K's order if
-it is not.
+(r, s, c)); otherwise through its strides if both it and the product are small, and from a
+copy in K's order if not.
 
 On Hopper GPUs, 16-bit stride-1 convolutions go to conv2d_tma.py instead, whose tiles the
 TMA unit moves: channels-last ones always. An NCHW input it copies channels-last first, with
@@ -54,6 +54,10 @@ MIN_CHANNELS_INNER = 16
 # this size, and copied past it: on an H100, reading a 64x64x3x3 weight in place beat the
 # copy (0.99 against 0.82 of torch), and reading a 128x128x3x3 one lost (0.61 against 0.86)
 MAX_STRIDED_WEIGHT = 1 << 16
+# ...except in products of this many multiply-adds or more, where the GPU's time outweighs
+# the copy's launch: on an H200 the 32x64x56x56 3x3 layer (3.7e9) took the kernel 57.3 µs
+# reading its 64x64x3x3 NCHW weight through its strides, and 44.6 µs from a copy
+COPY_WEIGHT_PRODUCT = 2**30
 
 # BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. O, the N of the product, is 64 to 512 in
 # most networks, so tiles are at most 256 wide; M is large, so tall tiles come first.
@@ -69,6 +73,9 @@ TILE_SHAPES = [
     (128, 64, 32, 4, 4),
     (128, 64, 64, 3, 4),
     (64, 64, 64, 3, 4),
+    # an NCHW x read in place with many channels (on an H200, ResNet's 14x14 layer with 256
+    # took 44.2 µs with it, 49.6 with the best above)
+    (64, 128, 128, 3, 8),
 ]
 
 
@@ -162,11 +169,12 @@ SMALL_PRODUCT = 256**3
 # An NCHW x reaches the TMA kernel through channels-last copies of x and the weight, made
 # by a launch of their own. Which route is faster depends on the layer and on the host: on
 # ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place /
-# copied / cuDNN, 57.9 / 47.6 / 53.9 at 56x56 with 64 channels, 40.0 / 40.4 / 39.9 at 28x28
-# with 128, 53.6 / 40.3 / 37.8 at 14x14 with 256 (the two copies then separate launches,
-# which cost the host 52-73 µs a call against 17-44 in place). So from NCHW_TIMED_PRODUCT
-# multiply-adds the first call of a signature times both routes in a loop, as a user's loop
-# runs them, and keeps the faster (_fastest_in_a_loop). Below it both take less GPU time
+# copied / cuDNN, 49.1 / 45.2 / 55.9 at 56x56 with 64 channels, 38.5 / 33.3 / 40.0 at 28x28
+# with 128, 49.0 / 31.6 / 38.2 at 14x14 with 256; but the copied route's two launches cost
+# that host 60-73 µs a call, against 34-44 in place (each with its weight copy). So from
+# NCHW_TIMED_PRODUCT multiply-adds the first call of a signature times both routes in a
+# loop, as a user's loop runs them, and keeps the faster (_fastest_in_a_loop). Below it both
+# take less GPU time
 # than the copy route costs the host, and x is read in place; from NCHW_TMA_PRODUCT on the
 # GPU's time decides (at batch 256 on the 28x28 layer, 3.0e10, copied ran at 1.05 of cuDNN
 # and in place at 0.79), and x is copied.
@@ -480,7 +488,8 @@ def _lesson_route(x, weight, bias, out, stride, padding, dilation, product) -> C
     # the strides each weight row would have if it were contiguous in K's order
     flat = (KH * KW * C, 1, KW * C, C) if channels_inner else (C * KH * KW, KH * KW, KW, 1)
     w_flat = _strides_are(weight, flat)
-    copy_w = weight.numel() > MAX_STRIDED_WEIGHT and not w_flat
+    strided_read_pays = weight.numel() <= MAX_STRIDED_WEIGHT and product < COPY_WEIGHT_PRODUCT
+    copy_w = not (w_flat or strided_read_pays)
     w_format = torch.channels_last if channels_inner else torch.contiguous_format
     if copy_w:
         weight = _copied(weight, w_format)
