@@ -77,6 +77,28 @@ def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
     assert launches[0].tuned == {"BLOCK_M": 64, "num_warps": 4}
 
 
+def test_a_kept_launch_of_an_autotuners_choice_is_recorded_with_that_choice():
+    # a plain kernel kept with the config an autotuner chose (tma_conv2d's plans, matmul's
+    # TMA path) reports it in a recording, as the autotuned launch would have; a call that
+    # records no launch of its own (into a graph, say) leaves the others' alone
+    records = [True]
+
+    class Launcher:
+        def launch(self, grid, args, meta):
+            if records[0] and _launch._recorded is not None:
+                _launch._recorded.append(_launch.Launch(None, grid, args, meta))
+
+    choice, other = {"BLOCK": 64, "num_warps": 4}, {"BLOCK": 128, "num_warps": 8}
+    with _launch.recording_launches() as launches:
+        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 16})(1)
+        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(2)
+        records[0] = False
+        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 128}, tuned=other)(3)
+    assert [launch.tuned for launch in launches] == [{}, choice]
+    records[0] = True
+    _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(4)  # nothing recording
+
+
 def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
     # the first call launches through the launcher, which keeps the compiled kernel; the
     # next ones run that kernel directly, except on another device, while a profiler

@@ -347,11 +347,15 @@ class KeptLaunch:
     says so. Tensors the caller allocates itself count as aligned: torch's allocator
     (and the checkers' guarded arena) start every tensor on a 256-byte boundary."""
 
-    def __init__(self, launcher: LeanLauncher, grid, meta: dict):
+    def __init__(self, launcher: LeanLauncher, grid, meta: dict, tuned: dict | None = None):
         self.launcher, self.grid, self.meta = launcher, grid, meta
+        # for a plain kernel launched with an autotuner's choice: that choice, which a
+        # recording of the launches reports (Launch.tuned) as the autotuned kernel's own
+        self.tuned = tuned
         self.kept: tuple[int, _Compiled] | None = None
 
     def __call__(self, *args) -> None:
+        recorded = len(_recorded) if self.tuned and _recorded is not None else None
         kept = self.kept
         if (
             kept is None
@@ -361,8 +365,10 @@ class KeptLaunch:
             or (device := _INTERNALS[1].active.get_current_device()) != kept[0]
         ):
             self.kept = self.launcher.launch(self.grid, args, self.meta)
-            return
-        self.launcher.run_compiled(kept[1], self.grid, args, self.meta, device)
+        else:
+            self.launcher.run_compiled(kept[1], self.grid, args, self.meta, device)
+        if recorded is not None and len(_recorded) > recorded:
+            _recorded[-1].tuned = self.tuned
 
 
 def tuned_config(kernel: Autotuner, grid: Callable[[dict], tuple], args: tuple, meta: dict) -> dict:

@@ -344,7 +344,9 @@ class _Plan:
         else:
             tma_conv2d_autotuned_launcher[self.grid](*args, **self.meta)
             config = tma_conv2d_autotuned_launcher.config
-            launch = KeptLaunch(tma_conv2d_launcher, self.grid(config), self.meta | config)
+            launch = KeptLaunch(
+                tma_conv2d_launcher, self.grid(config), self.meta | config, tuned=config
+            )
             self.kept = _boxes(config), launch
 
 

@@ -519,7 +519,8 @@ def _tma_launch_for(
         args = (*descs.values(), c if bias is None else bias, M, N, K, *strides)
         if kept[0] is None:  # the autotuner's pre_hook sets the tiles of each config it runs
             tma_autotuned_launcher[grid](*args, **meta)
-            kept[0] = _plain_tma_launch(grid, tma_autotuned_launcher.config | meta)
+            tuned = tma_autotuned_launcher.config
+            kept[0] = _plain_tma_launch(grid, tuned | meta, tuned)
             return
         chosen, plain = kept[0]
         _set_block_shapes(descs | chosen)
@@ -528,8 +529,8 @@ def _tma_launch_for(
     return launch
 
 
-def _plain_tma_launch(grid, chosen: dict) -> tuple[dict, KeptLaunch]:
-    return chosen, KeptLaunch(tma_launcher, grid(chosen), chosen)
+def _plain_tma_launch(grid, chosen: dict, tuned: dict | None = None) -> tuple[dict, KeptLaunch]:
+    return chosen, KeptLaunch(tma_launcher, grid(chosen), chosen, tuned)
 
 
 def _launch_in_graph(
