@@ -837,6 +837,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             with recording_launches() as launches:
                 got = conv2d.conv2d(x, weight, bias, 1, 1)
             assert [launch.kernel for launch in launches] == kernels
+            assert launches[-1].tuned.get("BLOCK_N")  # its tiles, for the benchmark's report
             assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
         assert len(offered) == 1 and len(offered[0]) == 2
     # with the timer itself: one of the two, the same on every call
