@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
+from course_lib.bench.timing import autotune_timer
 from course_lib.kernels import conv2d_tma
 from course_lib.kernels._launch import (
     KeptLaunch,
@@ -195,6 +196,7 @@ conv2d_kernel_autotuned = triton.autotune(
         for m, n, k, s, w in TILE_SHAPES
     ],  # fmt: skip
     key=TUNED_BY,
+    do_bench=autotune_timer,
 )(conv2d_kernel)
 conv2d_launcher = LeanLauncher(conv2d_kernel)
 conv2d_autotuned_launcher = LeanLauncher(conv2d_kernel_autotuned)

@@ -29,6 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
+from course_lib.bench.timing import autotune_timer
 from course_lib.kernels._launch import (
     KeptLaunch,
     LeanLauncher,
@@ -284,6 +285,7 @@ tma_conv2d_autotuned = triton.autotune(
         for bh, bw, n, k, s, w in TILE_SHAPES
     ],  # fmt: skip
     key=TUNED_BY,
+    do_bench=autotune_timer,
 )(tma_conv2d_kernel)
 tma_conv2d_launcher = LeanLauncher(tma_conv2d_kernel)
 tma_conv2d_autotuned_launcher = LeanLauncher(tma_conv2d_autotuned)

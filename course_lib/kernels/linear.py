@@ -20,6 +20,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
+from course_lib.bench.timing import autotune_timer
 from course_lib.kernels import matmul_fast_paths as fast
 from course_lib.kernels._launch import (
     KeptLaunch,
@@ -128,6 +129,7 @@ LINEAR_TILE_SHAPES = [*TILE_SHAPES, (64, 128, 64, 4, 8)]
 linear_kernel_autotuned = triton.autotune(
     configs=tile_configs(LINEAR_TILE_SHAPES),
     key=["M", "N", "K", "INPUT_PRECISION", "HAS_BIAS", "ACTIVATION", "SAVE_Z"],
+    do_bench=autotune_timer,
 )(linear_kernel)
 # each kernel[grid], lean: see _launch.py
 linear_launcher = LeanLauncher(linear_kernel)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
+from course_lib.bench.timing import autotune_timer
 from course_lib.kernels._launch import KeptLaunch, LeanLauncher, cdiv, check_same
 
 # In the interpreter one small configuration, timing means nothing there.
@@ -153,7 +154,9 @@ def activate(x, ACTIVATION: tl.constexpr):
 # the precision is in the key: a config that fits for exact fp32 can need more shared
 # memory than the GPU has as TF32
 matmul_kernel_autotuned = triton.autotune(
-    configs=tile_configs(TILE_SHAPES), key=["M", "N", "K", "INPUT_PRECISION"]
+    configs=tile_configs(TILE_SHAPES),
+    key=["M", "N", "K", "INPUT_PRECISION"],
+    do_bench=autotune_timer,
 )(matmul_kernel)
 # each kernel[grid], lean: see _launch.py
 matmul_launcher = LeanLauncher(matmul_kernel)

@@ -24,6 +24,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
+from course_lib.bench.timing import autotune_timer
 from course_lib.interpreter_guard import span
 from course_lib.kernels._launch import (
     KeptLaunch,
@@ -336,7 +337,7 @@ def _set_block_shapes(args: dict) -> None:
 
 
 tf32_b_first_autotuned = triton.autotune(
-    configs=tile_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"]
+    configs=tile_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"], do_bench=autotune_timer
 )(tf32_b_first_kernel)
 tma_matmul_autotuned = triton.autotune(
     configs=tile_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
@@ -352,6 +353,7 @@ tma_matmul_autotuned = triton.autotune(
         "HAS_BIAS",
         "ACTIVATION",
     ],
+    do_bench=autotune_timer,
 )(tma_matmul_kernel)
 # each kernel[grid], lean: see _launch.py
 b_first_launcher = LeanLauncher(tf32_b_first_kernel)
