@@ -14,6 +14,7 @@ from course_lib.bench.sweep import (
     plot_sweep,
 )
 from course_lib.bench.timing import (
+    autotune_timer,
     bare_launches,
     copy_bandwidth,
     do_bench_ms,
@@ -26,6 +27,7 @@ from course_lib.bench.timing import (
 __all__ = [
     "Sweep",
     "Target",
+    "autotune_timer",
     "bare_launches",
     "bandwidth_sweep",
     "copy_bandwidth",
