@@ -241,6 +241,20 @@ def test_matmul_awkward_large_shape_on_gpu(dtype):
     assert error < 1e-2
 
 
+@pytest.mark.gpu
+def test_matmul_tunes_each_layout_of_its_operands_on_its_own():
+    # at the same sizes a row-major and a K-major B want different tiles: each gets its own
+    # tuning, not the one the other layout left behind (sizes no other test uses)
+    M, N, K = 515, 1031, 771
+    a = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
+    b = torch.randn(K, N, device=DEVICE, dtype=torch.float16)
+    tuner = matmul.matmul_kernel_autotuned
+    for b_seen in (b, b.t().contiguous().t()):
+        expected = a.float() @ b_seen.float()
+        assert (matmul.matmul(a, b_seen).float() - expected).norm() / expected.norm() < 1e-2
+    assert sum(key[:3] == (M, N, K) for key in tuner.cache) == 2
+
+
 TMA_SHAPES = [(1, 8, 1), (5, 8, 3), (37, 96, 77), (70, 40, 130), (150, 232, 70)]
 needs_tma = pytest.mark.skipif(not fast.tma_available(), reason="needs a TMA unit (Hopper)")
 

@@ -185,9 +185,10 @@ NCHW_TMA_PRODUCT = 2**34
 ROUTE_TIMING_ROUNDS = 3
 ROUTE_TIMING_CALLS = 20
 SMALL_CONFIG = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
-# the sizes and choices a tuned config is kept for (the dtypes are added by Triton)
-TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "CHANNELS_INNER", "W_FLAT",
-            "INPUT_PRECISION"]  # fmt: skip
+# the sizes and choices a tuned config is kept for (the dtypes are added by Triton), x's
+# layout among them (stride_xc is 1 in channels-last memory)
+TUNED_BY = ["B", "C", "H", "W", "O", "OH", "OW", "KH", "KW", "stride_xc", "CHANNELS_INNER",
+            "W_FLAT", "INPUT_PRECISION"]  # fmt: skip
 conv2d_kernel_autotuned = triton.autotune(
     configs=[
         triton.Config(

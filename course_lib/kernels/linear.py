@@ -32,6 +32,7 @@ from course_lib.kernels._launch import (
 )
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
+    LAYOUT_KEY,
     SMALL_CONFIG,
     SMALL_PRODUCT,
     TILE_SHAPES,
@@ -128,7 +129,7 @@ LINEAR_TILE_SHAPES = [*TILE_SHAPES, (64, 128, 64, 4, 8)]
 # the epilogue is in the key: GELU's registers can make another tile the fastest
 linear_kernel_autotuned = triton.autotune(
     configs=tile_configs(LINEAR_TILE_SHAPES),
-    key=["M", "N", "K", "INPUT_PRECISION", "HAS_BIAS", "ACTIVATION", "SAVE_Z"],
+    key=["M", "N", "K", *LAYOUT_KEY, "INPUT_PRECISION", "HAS_BIAS", "ACTIVATION", "SAVE_Z"],
     do_bench=autotune_timer,
 )(linear_kernel)
 # each kernel[grid], lean: see _launch.py

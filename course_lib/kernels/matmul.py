@@ -151,11 +151,14 @@ def activate(x, ACTIVATION: tl.constexpr):
     return x
 
 
-# the precision is in the key: a config that fits for exact fp32 can need more shared
-# memory than the GPU has as TF32
+# the operands' layouts are in the key, through their strides along K (1 where K is the
+# contiguous axis): the tile tuned for a row-major B is not the one for a K-major B, and
+# the autotuner would otherwise hand it over at the same sizes. The precision is in it too:
+# a config that fits for exact fp32 can need more shared memory than the GPU has as TF32
+LAYOUT_KEY = ["stride_ak", "stride_bk"]
 matmul_kernel_autotuned = triton.autotune(
     configs=tile_configs(TILE_SHAPES),
-    key=["M", "N", "K", "INPUT_PRECISION"],
+    key=["M", "N", "K", *LAYOUT_KEY, "INPUT_PRECISION"],
     do_bench=autotune_timer,
 )(matmul_kernel)
 # each kernel[grid], lean: see _launch.py

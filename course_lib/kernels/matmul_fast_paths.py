@@ -37,6 +37,7 @@ from course_lib.kernels._launch import (
 )
 from course_lib.kernels.matmul import (
     INTERPRETER_CONFIG,
+    LAYOUT_KEY,
     activate,
     grouped_tile,
     lesson_launch,
@@ -337,7 +338,9 @@ def _set_block_shapes(args: dict) -> None:
 
 
 tf32_b_first_autotuned = triton.autotune(
-    configs=tile_configs(B_FIRST_TILE_SHAPES), key=["M", "N", "K"], do_bench=autotune_timer
+    configs=tile_configs(B_FIRST_TILE_SHAPES),
+    key=["M", "N", "K", *LAYOUT_KEY],
+    do_bench=autotune_timer,
 )(tf32_b_first_kernel)
 tma_matmul_autotuned = triton.autotune(
     configs=tile_configs(TMA_TILE_SHAPES, pre_hook=_set_block_shapes),
