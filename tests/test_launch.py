@@ -96,7 +96,8 @@ def test_a_kept_launch_of_an_autotuners_choice_is_recorded_with_that_choice():
         _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 128}, tuned=other)(3)
     assert [launch.tuned for launch in launches] == [{}, choice]
     records[0] = True
-    _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(4)  # nothing recording
+    assert _launch._recorded is None  # and with nothing recording, a tuned launch still runs
+    _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(4)
 
 
 def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):

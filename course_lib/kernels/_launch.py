@@ -351,7 +351,7 @@ class KeptLaunch:
         self.launcher, self.grid, self.meta = launcher, grid, meta
         # for a plain kernel launched with an autotuner's choice: that choice, which a
         # recording of the launches reports (Launch.tuned) as the autotuned kernel's own
-        self.tuned = tuned
+        self.tuned = None if tuned is None else dict(tuned)
         self.kept: tuple[int, _Compiled] | None = None
 
     def __call__(self, *args) -> None:
@@ -367,8 +367,9 @@ class KeptLaunch:
             self.kept = self.launcher.launch(self.grid, args, self.meta)
         else:
             self.launcher.run_compiled(kept[1], self.grid, args, self.meta, device)
-        if recorded is not None and len(_recorded) > recorded:
-            _recorded[-1].tuned = self.tuned
+        if recorded is not None:
+            for launch in _recorded[recorded:]:
+                launch.tuned = self.tuned
 
 
 def tuned_config(kernel: Autotuner, grid: Callable[[dict], tuple], args: tuple, meta: dict) -> dict:

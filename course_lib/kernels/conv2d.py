@@ -52,12 +52,15 @@ INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
 # inputs with fewer channels (an RGB image) take K in (c, r, s) order, as they lie
 MIN_CHANNELS_INNER = 16
 # a weight whose rows are not contiguous in K's order is read through its strides up to
-# this size, and copied past it: on an H100, reading a 64x64x3x3 weight in place beat the
-# copy (0.99 against 0.82 of torch), and reading a 128x128x3x3 one lost (0.61 against 0.86)
+# this size, and copied past it: on an H100, while an NCHW x was itself copied first,
+# reading a 64x64x3x3 weight in place beat copying it (0.99 against 0.82 of torch), and
+# reading a 128x128x3x3 one lost (0.61 against 0.86)
 MAX_STRIDED_WEIGHT = 1 << 16
 # ...except in products of this many multiply-adds or more, where the GPU's time outweighs
-# the copy's launch: on an H200 the 32x64x56x56 3x3 layer (3.7e9) took the kernel 57.3 µs
-# reading its 64x64x3x3 NCHW weight through its strides, and 44.6 µs from a copy
+# the copy's launch: on an H200 (fp16), with x read in place, the 32x64x56x56 3x3 layer
+# (3.7e9) took the kernel 57.3 µs reading its 64x64x3x3 NCHW weight through its strides
+# and 44.6 µs from a copy. The bound is NCHW_TIMED_PRODUCT's, for the same reason; no
+# product between it and that layer's was measured
 COPY_WEIGHT_PRODUCT = 2**30
 
 # BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. O, the N of the product, is 64 to 512 in
@@ -74,8 +77,8 @@ TILE_SHAPES = [
     (128, 64, 32, 4, 4),
     (128, 64, 64, 3, 4),
     (64, 64, 64, 3, 4),
-    # an NCHW x read in place with many channels (on an H200, ResNet's 14x14 layer with 256
-    # took 44.2 µs with it, 49.6 with the best above)
+    # an NCHW x read in place with many channels (on an H200 the kernel alone took 44.2 µs
+    # with it on ResNet's 14x14 layer with 256, 49.6 with the best above)
     (64, 128, 128, 3, 8),
 ]
 
@@ -169,16 +172,15 @@ def conv2d_kernel(
 SMALL_PRODUCT = 256**3
 # An NCHW x reaches the TMA kernel through channels-last copies of x and the weight, made
 # by a launch of their own. Which route is faster depends on the layer and on the host: on
-# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place /
-# copied / cuDNN, 49.1 / 45.2 / 55.9 at 56x56 with 64 channels, 38.5 / 33.3 / 40.0 at 28x28
-# with 128, 49.0 / 31.6 / 38.2 at 14x14 with 256; but the copied route's two launches cost
-# that host 60-73 µs a call, against 34-44 in place (each with its weight copy). So from
-# NCHW_TIMED_PRODUCT multiply-adds the first call of a signature times both routes in a
-# loop, as a user's loop runs them, and keeps the faster (_fastest_in_a_loop). Below it both
-# take less GPU time
-# than the copy route costs the host, and x is read in place; from NCHW_TMA_PRODUCT on the
-# GPU's time decides (at batch 256 on the 28x28 layer, 3.0e10, copied ran at 1.05 of cuDNN
-# and in place at 0.79), and x is copied.
+# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place (the
+# weight's copy and the kernel) / copied / cuDNN: 49.1 / 45.2 / 55.9 at 56x56 with 64
+# channels, 38.5 / 33.3 / 40.0 at 28x28 with 128, 49.0 / 31.6 / 38.2 at 14x14 with 256; but
+# the copied route's two launches cost that host 60-73 µs a call, against 34-44 in place.
+# So from NCHW_TIMED_PRODUCT multiply-adds the first call of a signature times both routes
+# in a loop, as a user's loop runs them, and keeps the faster (_fastest_in_a_loop). Below it
+# both take less GPU time than the copy route costs the host, and x is read in place; from
+# NCHW_TMA_PRODUCT on the GPU's time decides (at batch 256 on the 28x28 layer, 3.0e10,
+# copied ran at 1.05 of cuDNN and in place at 0.79), and x is copied.
 NCHW_TIMED_PRODUCT = 2**30
 NCHW_TMA_PRODUCT = 2**34
 # how routes are timed (_fastest_in_a_loop): rounds of calls back to back, the best kept

@@ -44,10 +44,8 @@ from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
 # BH, BW (the output patch, BLOCK_M = BH·BW pixels), BLOCK_N, BLOCK_K, stages, warps: the
 # best of a search on an H100 over the ResNet-50 3x3 layers (8x8 patches for 64 channels
 # at 56x56, 32x4 for 128 at 28x28, 16x8 and 8x8 for 256 at 14x14) and their neighbours.
-# At 32x64x56x56 on an H200 the 8x8x64 tile takes 31-32 µs in every process; Triton's
-# own autotuning timer, which counted the host's launch cost in, read it at 38-51 µs in
-# some, and then took 16x8x64 (38 µs), and the layer ran at about 0.72 of cuDNN instead
-# of 0.88: the autotuner here times by the GPU's clock instead (bench.autotune_timer)
+# (At 32x64x56x56 on an H200 the 8x8x64 tile takes 31-32 µs in every process; read at
+# 38-51 µs by Triton's default timer, it lost to 16x8x64's 38: see bench.autotune_timer.)
 TILE_SHAPES = [
     (8, 8, 64, 64, 4, 4),
     (8, 8, 128, 64, 4, 4),
