@@ -34,7 +34,8 @@ from course_lib import runtime
 from course_lib.kernels import linear as linear_kernels
 from course_lib.kernels import matmul as matmul_kernels
 from course_lib.kernels import softmax as softmax_kernels
-from course_lib.kernels._launch import NotTraceable, launching_into_graph
+from course_lib.kernels._launch import NotTraceable
+from course_lib.kernels._plan import launching_into_graph
 
 COMPILE_BACKEND = runtime.COMPILE_BACKEND  # "inductor" on a GPU, "aot_eager" in the interpreter
 
@@ -159,7 +160,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> t
 
 
 def _linear_forward(x, weight, bias, activation, save_preactivation):
-    y, z, _ = linear_kernels._forward(x, weight, bias, activation, save_preactivation)
+    y, z, _ = linear_kernels.forward(x, weight, bias, activation, save_preactivation)
     # an operator returns tensors, never None: no z is an empty one
     return y, z if z is not None else x.new_empty(0)
 
@@ -258,7 +259,7 @@ def linear(
 ) -> torch.Tensor:  # fmt: skip
     """activation(x @ weight^T + bias) with lesson 07's Triton forward and backward, as
     kernels.linear.linear, callable inside torch.compile(fullgraph=True)."""
-    linear_kernels._check(x, weight, bias, activation)
+    linear_kernels.check_arguments(x, weight, bias, activation)
     tracked = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )

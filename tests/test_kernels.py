@@ -83,8 +83,14 @@ def test_large_sizes_on_gpu(n):
 
 # --- lessons 03-05 ------------------------------------------------------------------------
 
-from course_lib.kernels import add_2d, matmul, softmax  # noqa: E402
+from course_lib.kernels import (  # noqa: E402
+    add_2d,
+    hopper,  # noqa: E402
+    matmul,
+    softmax,
+)
 from course_lib.kernels import matmul_fast_paths as fast  # noqa: E402
+from course_lib.kernels._plan import PlanCache  # noqa: E402
 
 SHAPES_2D = [(1, 1), (1, 1000), (1000, 1), (37, 61), (130, 257)]
 
@@ -324,7 +330,7 @@ def test_tma_matmul_names_the_matrix_that_breaks_the_rules():
 def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     # the routing rule alone, as on a Hopper GPU; no kernel runs
     monkeypatch.setattr(runtime, "INTERPRETED", False)
-    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fast, "capability", lambda device: (9, 0))
     f16 = torch.float16
 
     def suits(a, b, c=None, tf32=False):
@@ -343,12 +349,12 @@ def test_matmul_hands_the_tma_kernel_only_what_it_can_take(monkeypatch):
     assert not suits(a32, b32, tf32=True)  # TF32, B row-major: B-first, or a copy
     assert not suits(a32, b32.t().contiguous().t())  # exact fp32: no tensor cores
     assert not suits(a.double(), b.double().t().contiguous().t())  # float64: no TMA kernel
-    monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
+    monkeypatch.setattr(fast, "capability", lambda device: (8, 0))
     assert not suits(a, b)
 
 
 on_tma_gpu = pytest.mark.skipif(
-    runtime.MODE != "gpu" or fast._capability(DEVICE) not in fast.TMA_GPUS,
+    runtime.MODE != "gpu" or hopper.capability(DEVICE) not in fast.TMA_GPUS,
     reason="needs a GPU in TMA_GPUS",
 )
 
@@ -380,11 +386,11 @@ def test_every_tma_config_compiles_and_matches(dtype):
 @on_tma_gpu
 def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
     calls = []
-    tma_launch_for = fast._tma_launch_for
+    tma_launch_for = fast.tma_launch
     monkeypatch.setattr(
-        fast, "_tma_launch_for", lambda *args, **kw: calls.append(1) or tma_launch_for(*args, **kw)
+        fast, "tma_launch", lambda *args, **kw: calls.append(1) or tma_launch_for(*args, **kw)
     )
-    monkeypatch.setattr(fast, "_routes", {})  # each product chooses its route afresh
+    monkeypatch.setattr(matmul, "_plans", PlanCache())  # each product chooses its route afresh
     # past SMALL_PRODUCT, none a multiple of the large tiles; the first below TMA_MIN_PRODUCT
     medium, large = (1032, 1040, 1048), (2048, 2056, 2050)
     tall = (fast.TF32_COPY_MIN_ROWS, 1028, 2048)  # enough rows of A to copy a TF32 B
@@ -433,7 +439,7 @@ def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     monkeypatch.setattr(runtime, "INTERPRETED", False)
-    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fast, "capability", lambda device: (9, 0))
     meta = dict(device="meta")
 
     def copies(a, b, a_copied=False):
@@ -467,13 +473,13 @@ def test_tf32_copies_a_row_major_b_k_major_only_where_the_tma_kernel_then_takes_
     assert not copies(torch.empty(m, wide_k, **meta), wide_b, a_copied=True)
     with FakeTensorMode():  # traced into a graph: no address, only an offset
         fake_a, fake_b = torch.empty(m, k + 4)[:, 1 : k + 1], torch.empty(k, n)
-        monkeypatch.setattr(fast, "into_graph", lambda: True)
+        monkeypatch.setattr(hopper, "into_graph", lambda: True)
         assert not fast._copies_b_k_major(fake_a, fake_b, a_copied=False)
         assert fast._copies_b_k_major(torch.empty(m, k + 4)[:, 4:], fake_b, a_copied=False)
-        monkeypatch.setattr(fast, "into_graph", lambda: False)
-    monkeypatch.setattr(fast, "_capability", lambda device: (8, 0))
+        monkeypatch.setattr(hopper, "into_graph", lambda: False)
+    monkeypatch.setattr(fast, "capability", lambda device: (8, 0))
     assert not copies(a, b)
-    monkeypatch.setattr(fast, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fast, "capability", lambda device: (9, 0))
     monkeypatch.setattr(runtime, "INTERPRETED", True)
     assert not copies(a, b)
 
@@ -658,7 +664,7 @@ def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
     # past MAX_STRIDED_WEIGHT a weight whose rows are not in K's order is copied first;
     # a limit of 0 sends every weight of this test through that path
     monkeypatch.setattr(conv2d, "MAX_STRIDED_WEIGHT", 0)
-    monkeypatch.setattr(conv2d, "_calls", {})  # routes chosen with the old limit go
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())  # routes chosen with the old limit go
     x = torch.randn(2, 20, 7, 6, device=DEVICE)
     for x_format, w_format in [(torch.contiguous_format, torch.channels_last),
                                (torch.channels_last, torch.contiguous_format)]:  # fmt: skip
@@ -681,7 +687,7 @@ def test_conv2d_copies_a_strided_weight_of_any_size_in_large_products(monkeypatc
     for limit, weight, copied_w in [(product + 1, nchw, False), (product, nchw, True),
                                     (product, in_k_order, False)]:  # fmt: skip
         monkeypatch.setattr(conv2d, "COPY_WEIGHT_PRODUCT", limit)
-        monkeypatch.setattr(conv2d, "_calls", {})
+        monkeypatch.setattr(conv2d, "_plans", PlanCache())
         copies.clear()
         with torch.backends.cudnn.flags(allow_tf32=False):
             got = conv2d.conv2d(x, weight, padding=1)
@@ -700,10 +706,10 @@ def test_conv2d_takes_a_bias_of_any_strides():
 
 # --- lesson 06 on Hopper: the TMA kernel ------------------------------------------------
 
+from course_lib.bench.recording import recording_launches  # noqa: E402
 from course_lib.kernels import conv2d_tma  # noqa: E402
-from course_lib.kernels._launch import recording_launches  # noqa: E402
 
-TMA_CONV = fast.tma_available() and (runtime.INTERPRETED or fast._capability(DEVICE) >= (9, 0))
+TMA_CONV = fast.tma_available() and (runtime.INTERPRETED or hopper.capability(DEVICE) >= (9, 0))
 TMA_CONV_SHAPES = [
     # B, C, H, W, O, kh, kw, padding (top, left, bottom, right), dilation, with a bias
     pytest.param(2, 16, 7, 6, 24, 3, 3, (1, 1, 1, 1), 1, True, id="odd-3x3-p1"),
@@ -783,7 +789,7 @@ def test_channels_last_copies_any_layout(shape, view, kernel_launches):
 @pytest.mark.gpu
 @pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
 def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypatch):
-    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+    if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # none of these is timed
     f16 = dict(device=DEVICE, dtype=torch.float16)
@@ -815,7 +821,7 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
     # past NCHW_TMA_PRODUCT, x and the weight are copied channels-last first, untimed
     monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
     monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
-    monkeypatch.setattr(conv2d, "_calls", {})  # the routes chosen before the change go
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())  # the routes chosen before the change go
     bias = torch.randn(136, **f16)
     with recording_launches() as launches:
         got = conv2d.conv2d(*nchw, bias, 1, 1)
@@ -827,7 +833,7 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
 @pytest.mark.gpu
 @pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
 def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monkeypatch):
-    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+    if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     timer = conv2d._fastest_in_a_loop
     f16 = dict(device=DEVICE, dtype=torch.float16)
@@ -846,7 +852,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             return chosen
 
         monkeypatch.setattr(conv2d, "_fastest_in_a_loop", pick)
-        monkeypatch.setattr(conv2d, "_calls", {})
+        monkeypatch.setattr(conv2d, "_plans", PlanCache())
         for _ in range(3):  # chosen on the first call only, then kept
             with recording_launches() as launches:
                 got = conv2d.conv2d(x, weight, bias, 1, 1)
@@ -856,7 +862,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
         assert len(offered) == 1 and len(offered[0]) == 2
     # with the timer itself: one of the two, the same on every call
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", timer)
-    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())
     kept = []
     for _ in range(3):
         with recording_launches() as launches:
@@ -872,12 +878,12 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
 @pytest.mark.gpu
 @pytest.mark.skipif(not TMA_CONV, reason="needs a GPU with a TMA unit")
 def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
-    if fast._capability(DEVICE) not in fast.TMA_GPUS:
+    if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # called, it would raise
-    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())
     in_place = [conv2d.conv2d_kernel]
 
     def launched():
@@ -889,21 +895,21 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
     assert launched() == in_place  # below NCHW_TIMED_PRODUCT, untimed; and its tiles tuned
     monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)  # from here on, a timed size
     # while a CUDA graph is captured: in place, and chosen again on the next call
-    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    assert launched() == in_place and conv2d._calls == {}
+    assert launched() == in_place and conv2d._plans == {}
     capturing[0] = False
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", lambda calls: 1)  # copied
     assert launched() == [conv2d_tma.channels_last_pair_kernel, conv2d_tma.tma_conv2d_kernel]
-    assert len(conv2d._calls) == 1
+    assert len(conv2d._plans) == 1
     # under deterministic algorithms: in place, untimed, and kept
     monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)
-    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        assert launched() == in_place and len(conv2d._calls) == 1
+        assert launched() == in_place and len(conv2d._plans) == 1
     finally:
         torch.use_deterministic_algorithms(deterministic)
 
@@ -933,7 +939,7 @@ def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
     # earlier one reuses what that call worked out; anything else is worked out anew
     prepared = []
     prepare = conv2d._prepare
-    monkeypatch.setattr(conv2d, "_calls", {})
+    monkeypatch.setattr(conv2d, "_plans", PlanCache())
     monkeypatch.setattr(conv2d, "_prepare", lambda *a: prepared.append(a) or prepare(*a))
     storage = torch.randn(2 * 16 * 9 * 9 + 4, device=DEVICE)
     weight, bias = torch.randn(8, 16, 3, 3, device=DEVICE), torch.randn(8, device=DEVICE)

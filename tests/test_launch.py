@@ -8,8 +8,19 @@ import torch
 import triton
 
 from course_lib import DEVICE, bench, runtime
-from course_lib.kernels import _launch, add_2d, conv2d, linear, matmul, relu, softmax, vector_add
-from course_lib.kernels import matmul_fast_paths as fast
+from course_lib.bench import recording
+from course_lib.kernels import (
+    _launch,
+    _plan,
+    add_2d,
+    conv2d,
+    hopper,
+    linear,
+    matmul,
+    relu,
+    softmax,
+    vector_add,
+)
 
 
 def _specialisation():
@@ -43,7 +54,7 @@ def test_the_key_tells_apart_whatever_triton_specialises_on():
 
 def test_recording_gives_bare_launches_that_compute_the_same():
     x, y = torch.randn(1000, device=DEVICE), torch.randn(1000, device=DEVICE)
-    with _launch.recording_launches() as launches:
+    with recording.recording_launches() as launches:
         out = vector_add.add(x, y)
     assert [launch.kernel for launch in launches] == [vector_add.add_launcher.jit]
     (launch,) = launches
@@ -52,14 +63,14 @@ def test_recording_gives_bare_launches_that_compute_the_same():
     out.fill_(float("nan"))
     launch()  # the bare launch alone writes x + y into it again
     torch.testing.assert_close(out, x + y, rtol=0, atol=0)
-    with _launch.recording_launches() as outside:
+    with recording.recording_launches() as outside:
         pass
     assert outside == []
 
 
-def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
-    # a kept launch skips the autotuner, whose best_config then still names the last key it
-    # tuned; the launcher itself tells the config it ran with (tma_conv2d keeps it per plan)
+def test_a_compiled_launch_is_recorded_with_the_config_it_ran_with(monkeypatch):
+    # a launch of a kept compiled kernel skips the autotuner, whose best_config then still
+    # names the last key it tuned; the recording tells the config the launch ran with
     launcher = _launch.LeanLauncher(conv2d.conv2d_kernel_autotuned)
     stream = type("Active", (), {"get_current_stream": staticmethod(lambda device: 0)})
     monkeypatch.setattr(_launch, "_INTERNALS", (None, type("Driver", (), {"active": stream})))
@@ -68,13 +79,14 @@ def test_a_kept_launch_tells_the_config_it_ran_with(monkeypatch):
         run=lambda *args: ran.append(args), function=0, metadata=None, grid=(3,),
         constexprs=(), config={"BLOCK_M": 64, "num_warps": 4}, pre_hook=None,
     )  # fmt: skip
-    launcher.config = {"BLOCK_M": 256, "num_warps": 8}  # another key's, tuned last
-    with _launch.recording_launches() as launches:
+    with recording.recording_launches() as launches:
         launcher.run_compiled(entry, None, (), {}, device=0)
     assert len(ran) == 1 and ran[0][:3] == (3, 1, 1)
-    assert launcher.config == {"BLOCK_M": 64, "num_warps": 4}
-    # and so does the recorded launch, for the benchmark's report
     assert launches[0].tuned == {"BLOCK_M": 64, "num_warps": 4}
+    assert launches[0].grid == (3, 1, 1)
+    # and with nothing recording, the launcher's methods are its own, unwrapped
+    assert _launch.LeanLauncher.run_compiled.__qualname__ == "LeanLauncher.run_compiled"
+    assert _launch.BoundLaunch.__call__.__qualname__ == "BoundLaunch.__call__"
 
 
 def test_a_kept_launch_of_an_autotuners_choice_is_recorded_with_that_choice():
@@ -85,19 +97,20 @@ def test_a_kept_launch_of_an_autotuners_choice_is_recorded_with_that_choice():
 
     class Launcher:
         def launch(self, grid, args, meta):
-            if records[0] and _launch._recorded is not None:
-                _launch._recorded.append(_launch.Launch(None, grid, args, meta))
+            if records[0] and recording._recorded is not None:
+                recording._recorded.append(recording.Launch(None, grid, args, meta))
+            return None, None, {}
 
     choice, other = {"BLOCK": 64, "num_warps": 4}, {"BLOCK": 128, "num_warps": 8}
-    with _launch.recording_launches() as launches:
-        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 16})(1)
-        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(2)
+    with recording.recording_launches() as launches:
+        _launch.BoundLaunch(Launcher(), (4,), {"BLOCK": 16})(1)
+        _launch.BoundLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(2)
         records[0] = False
-        _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 128}, tuned=other)(3)
+        _launch.BoundLaunch(Launcher(), (4,), {"BLOCK": 128}, tuned=other)(3)
     assert [launch.tuned for launch in launches] == [{}, choice]
     records[0] = True
-    assert _launch._recorded is None  # and with nothing recording, a tuned launch still runs
-    _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(4)
+    assert recording._recorded is None  # and with nothing recording, a tuned launch still runs
+    _launch.BoundLaunch(Launcher(), (4,), {"BLOCK": 64}, tuned=choice)(4)
 
 
 def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
@@ -113,14 +126,14 @@ def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
     class Launcher:
         def launch(self, grid, args, meta):
             calls.append(("launch", args))
-            if hooks.launch_enter_hook is not None or _launch._into_graph:
-                return None  # launched as Triton launches, nothing kept
-            return device[0], f"kernel for device {device[0]}"
+            if hooks.launch_enter_hook is not None or _plan.tracing:
+                return None, None, {}  # launched as Triton launches, nothing kept
+            return device[0], f"kernel for device {device[0]}", {}
 
         def run_compiled(self, entry, grid, args, meta, on):
             calls.append((entry, args))
 
-    kept = _launch.KeptLaunch(Launcher(), (4,), {"BLOCK": 16})
+    kept = _launch.BoundLaunch(Launcher(), (4,), {"BLOCK": 16})
     kept(1)
     kept(2)
     device[0] = 1
@@ -129,7 +142,7 @@ def test_a_kept_launch_goes_straight_to_the_kernel_it_kept(monkeypatch):
     hooks.launch_enter_hook = lambda metadata: None
     kept(5)
     hooks.launch_enter_hook = None
-    with _launch.launching_into_graph():
+    with _plan.launching_into_graph():
         kept(6)
     kept(7)
     kept(8)
@@ -183,7 +196,7 @@ def test_tuned_paths_stay_right_on_every_call(path):
     # kernel directly, with its config's grid (and, for TMA, its descriptors' tile shapes)
     f16 = dict(device=DEVICE, dtype=torch.float16)
     shapes = [(300, 512, 400), (700, 512, 400), (300, 512, 400)]  # M: 3 and 6 tiles of 128
-    if path == "TMA" and fast._capability(torch.cuda.current_device()) not in fast.TMA_GPUS:
+    if path == "TMA" and hopper.capability(torch.cuda.current_device()) not in hopper.TMA_GPUS:
         pytest.skip("the TMA kernel runs on the GPUs in TMA_GPUS")
     if path == "TMA":  # from TMA_MIN_PRODUCT on: 17 and 33 tiles of 128 rows
         shapes = [(2100, 2048, 2048), (4200, 2048, 2048), (2100, 2048, 2048)]
@@ -212,14 +225,14 @@ def test_matmul_keeps_one_route_per_layout_and_checks_each_new_one():
         base[1:34, 3:23],  # starts 12 bytes past an aligned address
         base[:33, :20].contiguous(),
     ]
-    kept = len(fast._routes)
+    kept = len(matmul._plans)
     for tf32 in (False, True, False):
         with runtime.tf32(tf32):
             for a in layouts:
                 got, expected = matmul.matmul(a, b), a.double() @ b.double()
                 assert ((got - expected).norm() / expected.norm()).item() < 2e-3, (tf32, a.stride())
                 torch.testing.assert_close(matmul.matmul(a, b, "relu"), torch.relu(got))
-    assert len(fast._routes) == kept + 2 * 2 * len(layouts)  # TF32 and ReLU, or not
+    assert len(matmul._plans) == kept + 2 * 2 * len(layouts)  # TF32 and ReLU, or not
     with pytest.raises(TypeError, match="dtypes differ"):
         matmul.matmul(layouts[0], b.half())
     with pytest.raises(ValueError, match="expects a \\[M, K\\] and b \\[K, N\\]"):
@@ -278,7 +291,7 @@ def _host_cases():
             False,
         ),
     ]
-    if fast._capability(DEVICE) in fast.TMA_GPUS:
+    if hopper.capability(DEVICE) in hopper.TMA_GPUS:
         # from TMA_MIN_PRODUCT on, with rows the TMA unit takes: the persistent kernel
         half = torch.randn(2048, 2048, **f16)
         cases.append(("matmul, TMA", matmul.matmul, (half, half.t()), False))
@@ -314,7 +327,7 @@ def test_launchers_cost_little_more_host_time_than_a_bare_launch():
 def test_the_interpreter_launches_the_plain_way():
     # no compiled kernel to keep: every call goes through kernel[grid], and is recorded
     x = torch.randn(100)
-    with _launch.recording_launches() as launches:
+    with recording.recording_launches() as launches:
         vector_add.add(x, x)
-    assert len(launches) == 1 and vector_add.add_launcher._compiled == {}
+    assert len(launches) == 1 and len(vector_add.add_launcher._compiled) == 0
     assert isinstance(launches[0].kernel, triton.runtime.interpreter.InterpretedFunction)

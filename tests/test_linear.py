@@ -9,7 +9,8 @@ import torch
 from course_lib import DEVICE, references, runtime
 from course_lib.checks.tolerances import tolerance_for
 from course_lib.kernels import linear as finished
-from course_lib.kernels import matmul_fast_paths as fast
+from course_lib.kernels import matmul as lesson05
+from course_lib.kernels._plan import PlanCache
 from course_lib.kernels.linear import Linear, linear
 
 ACTIVATIONS = [None, "relu", "gelu"]
@@ -218,9 +219,9 @@ def test_linear_checks_each_signature_of_its_arguments_once(monkeypatch):
     # a call laid out like an earlier one (shapes, strides, dtypes, devices, alignments,
     # activation) reuses the plan that call made; anything else gets a plan of its own
     checked = []
-    check = finished._check
-    monkeypatch.setattr(finished, "_plans", {})
-    monkeypatch.setattr(finished, "_check", lambda *a: checked.append(a) or check(*a))
+    check = finished.check_arguments
+    monkeypatch.setattr(finished, "_plans", PlanCache())
+    monkeypatch.setattr(finished, "check_arguments", lambda *a: checked.append(a) or check(*a))
     storage = torch.randn(6 * 45 + 4, device=DEVICE)
     _, weight, bias, _ = _layer((6, 45), 29)
     aligned = storage[:-4].view(6, 45)
@@ -284,7 +285,7 @@ def test_the_operator_leaves_no_unchecked_plan_behind(monkeypatch):
     # linear() refuses, it refuses them too, and linear() goes on refusing them after
     from course_lib import ops  # noqa: F401  (registers torch.ops.course)
 
-    monkeypatch.setattr(finished, "_plans", {})
+    monkeypatch.setattr(finished, "_plans", PlanCache())
     x, weight, bias, _ = _layer((4, 5), 3)
     for _ in range(2):
         with pytest.raises(ValueError, match="activation must be one of"):
@@ -296,7 +297,8 @@ def test_the_operator_leaves_no_unchecked_plan_behind(monkeypatch):
 def test_backward_keeps_its_launches_per_layout_of_the_output_gradient(monkeypatch):
     # a plan's backward is worked out once per layout of the output's gradient and which
     # gradients are asked for: later steps like it reuse its launches, others get their own
-    monkeypatch.setattr(finished, "_plans", {})
+    monkeypatch.setattr(finished, "_plans", PlanCache())
+    monkeypatch.setattr(finished, "_backward_plans", PlanCache())
     x, weight, bias, _ = _layer((2, 3, 45), 29)
     storage = torch.randn(6 * 29 + 4, device=DEVICE)
     layouts = [
@@ -309,14 +311,15 @@ def test_backward_keeps_its_launches_per_layout_of_the_output_gradient(monkeypat
     ]
     for activation in ACTIVATIONS:
         finished._plans.clear()
+        finished._backward_plans.clear()
         for name, make_grad_y, kept in layouts:
             grad_y = make_grad_y()
             _, gx, gw, gb = _grads(x, weight, bias, grad_y, activation)
             expected = references.linear_grads(x, weight, bias, grad_y, activation)
             for got, want in zip((gx, gw, gb), expected):
                 _assert_close(got, want, 6)
-            (plan,) = finished._plans.values()
-            assert len(plan.backwards) == kept, (activation, name)
+            assert len(finished._plans) == 1
+            assert len(finished._backward_plans) == kept, (activation, name)
         # the bias frozen: no grad_bias asked for, another backward
         leaves = [t.detach().requires_grad_(t is not bias) for t in (x, weight, bias)]
         grad_y = layouts[0][1]()
@@ -324,14 +327,14 @@ def test_backward_keeps_its_launches_per_layout_of_the_output_gradient(monkeypat
         expected = references.linear_grads(x, weight, bias, grad_y, activation)
         for got, want in zip((gx, gw), expected):
             _assert_close(got, want, 6)
-        assert len(plan.backwards) == 5, activation
+        assert len(finished._backward_plans) == 5, activation
 
 
 def test_backward_keeps_apart_what_saved_tensor_hooks_hand_back(monkeypatch):
     # a pack hook may save a contiguous copy of x or of the weight (save_on_cpu does, of a
     # view with gaps): the backward then reads tensors laid out unlike the plan's
     # arguments, and a backward kept for the one layout must not be used for the other
-    monkeypatch.setattr(finished, "_plans", {})
+    monkeypatch.setattr(finished, "_plans", PlanCache())
     storage = torch.randn(37, 64, device=DEVICE)
     _, weight, bias, grad_y = _layer((37, 45), 29)
     for x, w in [
@@ -350,8 +353,9 @@ def test_backward_keeps_apart_what_saved_tensor_hooks_hand_back(monkeypatch):
 def test_backward_follows_tf32s_switch_as_it_runs(monkeypatch):
     # the products' precision is TF32's switch at the time of the backward, as for
     # torch's own backward, whatever it was when the forward ran
-    monkeypatch.setattr(finished, "_plans", {})
-    monkeypatch.setattr(fast, "_routes", {})
+    monkeypatch.setattr(finished, "_plans", PlanCache())
+    monkeypatch.setattr(lesson05, "_plans", PlanCache())
+    monkeypatch.setattr(finished, "_backward_plans", PlanCache())
     x, weight, _, grad_y = _layer((64, 48), 32)
     leaves = [t.detach().requires_grad_() for t in (x, weight)]
     for allow_tf32 in (False, True):
@@ -359,9 +363,9 @@ def test_backward_follows_tf32s_switch_as_it_runs(monkeypatch):
             y = linear(*leaves)
         with runtime.tf32(allow_tf32):
             torch.autograd.grad(y, leaves, grad_y)
-    (plan,) = finished._plans.values()
-    assert len(plan.backwards) == 2
-    assert {key[-1] for key in fast._routes} == {False, True}  # routes without and with TF32
+    assert len(finished._plans) == 1 and len(finished._backward_plans) == 2
+    # the products' plans without and with TF32 (the signature's first switch)
+    assert {key[-4] for key in lesson05._plans} == {False, True}
 
 
 def test_output_grad_of_empty_gradients():

@@ -12,6 +12,7 @@ import course_lib
 from course_lib import DEVICE, ops, references, runtime
 from course_lib.checks import CheckFailed, ExerciseNotDone, replay
 from course_lib.checks.compiled import graph_breaks
+from course_lib.kernels import hopper
 from course_lib.kernels import linear as lesson07
 from course_lib.kernels.softmax import softmax as finished_softmax
 
@@ -439,7 +440,7 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     by the TMA kernel where no backward is to come), and its backward's products."""
     from course_lib.kernels import matmul_fast_paths as fast
 
-    if fast._capability(DEVICE.index or 0) not in fast.TMA_GPUS:
+    if hopper.capability(DEVICE.index or 0) not in fast.TMA_GPUS:
         pytest.skip("matmul takes no TMA kernel on this GPU")
     # a 16-bit product takes the TMA kernel from 2048^3 on
     a = _rand(2048, 2048, dtype=torch.float16)
@@ -483,7 +484,7 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
     graph runs without Inductor, a misaligned operand stops with an error."""
     from course_lib.kernels import matmul_fast_paths as fast
 
-    if runtime.MODE == "gpu" and fast._capability(DEVICE.index or 0) not in fast.TMA_GPUS:
+    if runtime.MODE == "gpu" and hopper.capability(DEVICE.index or 0) not in fast.TMA_GPUS:
         pytest.skip("no TMA kernel on this GPU")
     dtype, (M, K, N) = torch.float16, (40, 64, 48)
     config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "WARP_SPECIALIZE": False}
@@ -495,7 +496,7 @@ def test_the_kernel_building_its_own_descriptors_computes_what_the_host_built_on
     )  # fmt: skip
 
     def in_graph(a, b, c, a_m_major, b_k_major):
-        strides = (fast._by_rows(a).stride(0), fast._by_rows(b).stride(0), c.stride(0))
+        strides = (hopper.by_rows(a).stride(0), hopper.by_rows(b).stride(0), c.stride(0))
         fast._launch_in_graph(
             a, b, c, bias, grid=grid, config=config, meta=meta(a_m_major, b_k_major),
             strides=strides,
@@ -554,7 +555,8 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
 
     from course_lib.kernels import matmul as lesson05
     from course_lib.kernels import matmul_fast_paths as fast
-    from course_lib.kernels._launch import NotTraceable, launching_into_graph
+    from course_lib.kernels._launch import NotTraceable
+    from course_lib.kernels._plan import launching_into_graph, signature
 
     c, size = _rand(16, 16), ShapeEnv().create_unbacked_symint()
     with launching_into_graph():
@@ -562,9 +564,9 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
             lesson05.matmul_autotuned_launcher[(1,)](c, c, c, size, 16, 16, 16, 1, 16, 1, 16, 1)
         with pytest.raises(NotTraceable, match="TMA descriptors"):
             fast.tma_launcher[(1,)](TensorDescriptor.from_tensor(c, [16, 16]))
-        # no route is kept for traced tensors, which have no address to key it by
-        assert fast._layout(c, c, None) is None
-    assert fast._layout(c, c, None) is not None
+        # no plan is kept for traced tensors, which have no address to key it by
+        assert signature((c, c), (None,)) is None
+    assert signature((c, c), (None,)) is not None
 
     # a traced tensor has no address (data_ptr raises): its start is checked by its offset
     with FakeTensorMode() as fake_mode:
@@ -572,6 +574,6 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
         with FunctionalTensorMode():
             traced = FunctionalTensor.to_functional(fake)
             with launching_into_graph():
-                assert fast._tma_rule_broken(traced) is None
+                assert hopper.tma_rule_broken(traced) is None
                 offset = traced.view(-1)[1:-15].view(15, 16)
-                assert "aligned" in fast._tma_rule_broken(offset)
+                assert "aligned" in hopper.tma_rule_broken(offset)

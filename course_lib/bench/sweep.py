@@ -201,7 +201,7 @@ def run_sweep(
         raise RuntimeError("sweeps need a GPU; guard the call with course_lib.gpu_only(...)")
     from tqdm.auto import tqdm
 
-    from course_lib.kernels._launch import recording_launches
+    from course_lib.bench.recording import recording_launches
 
     reference_name, reference = next(iter(baselines.items()))
     fns = {"kernel": kernel, **baselines}

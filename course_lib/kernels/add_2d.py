@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from course_lib.kernels import vector_add
-from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
+from course_lib.kernels._args import cdiv, check_same
+from course_lib.kernels._launch import LeanLauncher
 
 # square tiles read transposed inputs down columns and contiguous ones along rows
 # equally well (measured on a Hopper GPU, 8192 x 8192 float32)

@@ -34,33 +34,24 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
-from course_lib.bench.timing import autotune_timer
+from course_lib.gpu_timer import autotune_timer
 from course_lib.kernels import conv2d_tma
-from course_lib.kernels._launch import (
-    KeptLaunch,
-    LeanLauncher,
-    cdiv,
-    check_same,
-    into_graph,
-    keep,
-    layout,
-    unrecorded,
-)
-from course_lib.kernels.matmul import grouped_tile
+from course_lib.kernels._args import cdiv, check_same
+from course_lib.kernels._launch import BoundLaunch, LeanLauncher, trial_launches
+from course_lib.kernels._plan import PlanCache, into_graph, signature
+from course_lib.kernels.tiles import grouped_tile
 
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
 # inputs with fewer channels (an RGB image) take K in (c, r, s) order, as they lie
 MIN_CHANNELS_INNER = 16
 # a weight whose rows are not contiguous in K's order is read through its strides up to
-# this size, and copied past it: on an H100, while an NCHW x was itself copied first,
-# reading a 64x64x3x3 weight in place beat copying it (0.99 against 0.82 of torch), and
-# reading a 128x128x3x3 one lost (0.61 against 0.86)
+# this size, and copied past it: measured with an NCHW x copied first, reading a 64x64x3x3
+# weight in place beat copying it, and reading a 128x128x3x3 one lost
 MAX_STRIDED_WEIGHT = 1 << 16
 # ...except in products of this many multiply-adds or more, where the GPU's time outweighs
-# the copy's launch: on an H200 (fp16), with x read in place, the 32x64x56x56 3x3 layer
-# (3.7e9) took the kernel 57.3 µs reading its 64x64x3x3 NCHW weight through its strides
-# and 44.6 µs from a copy. The bound is NCHW_TIMED_PRODUCT's, for the same reason; no
-# product between it and that layer's was measured
+# the copy's launch (measured on ResNet's 56x56 3x3 layer, x read in place). The bound is
+# NCHW_TIMED_PRODUCT's, for the same reason; no product between it and that layer's was
+# measured
 COPY_WEIGHT_PRODUCT = 2**30
 
 # BLOCK_M, BLOCK_N, BLOCK_K, stages, warps. O, the N of the product, is 64 to 512 in
@@ -77,8 +68,7 @@ TILE_SHAPES = [
     (128, 64, 32, 4, 4),
     (128, 64, 64, 3, 4),
     (64, 64, 64, 3, 4),
-    # an NCHW x read in place with many channels (on an H200 the kernel alone took 44.2 µs
-    # with it on ResNet's 14x14 layer with 256, 49.6 with the best above)
+    # an NCHW x read in place with many channels (ResNet's 14x14 layer with 256, measured)
     (64, 128, 128, 3, 8),
 ]
 
@@ -150,8 +140,8 @@ def conv2d_kernel(
         w_ptrs = w_cols[None, :] + w_k[:, None]  # [BLOCK_K, BLOCK_N]
         if not CHANNELS_INNER:  # x is NCHW here
             # loaded as [BLOCK_K, BLOCK_M], so that neighbouring lanes read neighbouring
-            # pixels of one channel, which an NCHW image keeps side by side (for the 7x7
-            # RGB stem on an H100, 58 TFLOP/s against 39 with lanes along K)
+            # pixels of one channel, which an NCHW image keeps side by side (measured on the
+            # 7x7 RGB stem, half as fast again as lanes along K)
             x_tile = tl.trans(tl.load(tl.trans(x_ptrs), mask=tl.trans(x_mask), other=0.0))
         else:
             x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -171,16 +161,12 @@ def conv2d_kernel(
 # tiny products take one modest tile: tuning each new shape would cost more than it wins
 SMALL_PRODUCT = 256**3
 # An NCHW x reaches the TMA kernel through channels-last copies of x and the weight, made
-# by a launch of their own. Which route is faster depends on the layer and on the host: on
-# ResNet's 3x3 layers at batch 32 (3.7e9 multiply-adds) on an H200, in GPU µs in place (the
-# weight's copy and the kernel) / copied / cuDNN: 49.1 / 45.2 / 55.9 at 56x56 with 64
-# channels, 38.5 / 33.3 / 40.0 at 28x28 with 128, 49.0 / 31.6 / 38.2 at 14x14 with 256; but
-# the copied route's two launches cost that host 60-73 µs a call, against 34-44 in place.
-# So from NCHW_TIMED_PRODUCT multiply-adds the first call of a signature times both routes
-# in a loop, as a user's loop runs them, and keeps the faster (_fastest_in_a_loop). Below it
+# by a launch of their own. Which route is faster depends on the layer and on the host:
+# the copied route saves GPU time on some layers, and costs the host a second launch. So
+# from NCHW_TIMED_PRODUCT multiply-adds the first call of a signature times both routes in
+# a loop, as a user's loop runs them, and keeps the faster (_fastest_in_a_loop). Below it
 # both take less GPU time than the copy route costs the host, and x is read in place; from
-# NCHW_TMA_PRODUCT on the GPU's time decides (at batch 256 on the 28x28 layer, 3.0e10,
-# copied ran at 1.05 of cuDNN and in place at 0.79), and x is copied.
+# NCHW_TMA_PRODUCT on the GPU's time decides, and x is copied (figures in the appendix).
 NCHW_TIMED_PRODUCT = 2**30
 NCHW_TMA_PRODUCT = 2**34
 # how routes are timed (_fastest_in_a_loop): rounds of calls back to back, the best kept
@@ -251,19 +237,17 @@ def _strides_are(t: torch.Tensor, strides: tuple) -> bool:
 
 @dataclass
 class _Call:
-    """What conv2d() works out from its arguments before it launches: the output's size
-    and layout, and how to fill it (`run(x, weight, bias, out)`). It depends only on
-    what _signature keeps (and on this module's constants, so a change to one of those
-    takes effect for new signatures only), so it is kept per signature: in a loop,
-    checking the arguments and choosing the route again cost the host 19 of a call's 44 µs
-    on an H200's host, more than the launch itself."""
+    """conv2d's plan: what it works out from its arguments before it launches, the
+    output's size and layout, and how to fill it (`run(x, weight, bias, out)`). It depends
+    only on the call's signature (and on this module's constants, so a change to one of
+    those takes effect for new signatures only), so it is kept per signature."""
 
     out_shape: tuple
     memory_format: torch.memory_format
     run: Callable[..., None]
     # False for a route chosen without the timing it needed (see _prepare): the next
     # call like it chooses again
-    keep: bool = True
+    final: bool = True
 
     def __call__(self, x, weight, bias) -> torch.Tensor:
         """The convolution, into a new output."""
@@ -273,32 +257,7 @@ class _Call:
         return out
 
 
-_calls: dict[tuple, _Call] = {}
-
-
-def _signature(x, weight, bias, stride, padding, dilation, groups) -> tuple | None:
-    """Everything of a call that conv2d's checks and choices depend on: the shapes,
-    strides, dtypes and devices of the tensors, whether each starts on a 16-byte
-    boundary (Triton specialises on it), the options, and TF32's switch. None where the
-    call is not to be kept: arguments that are not tensors, tensors being traced into a
-    graph, which have no address, or options other than ints, strings and tuples of ints
-    (1.0 == 1 as a key, but a first call refuses a float)."""
-    if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
-        return None
-    if not all(map(_plain_option, (stride, padding, dilation, groups))):
-        return None
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        return None
-    return (
-        layout(x), layout(weight), layout(bias), stride, padding, dilation, groups,
-        torch.backends.cudnn.allow_tf32,
-    )  # fmt: skip
-
-
-def _plain_option(value) -> bool:
-    return type(value) in (int, str) or (
-        type(value) is tuple and all(type(v) is int for v in value)
-    )
+_plans = PlanCache()  # conv2d's, by signature
 
 
 def conv2d(
@@ -323,13 +282,13 @@ def conv2d(
     results then differ by rounding. Under torch.use_deterministic_algorithms(True) that
     first call reads x in place, untimed.
     """
-    key = _signature(x, weight, bias, stride, padding, dilation, groups)
-    call = None if key is None else _calls.get(key)
-    if call is None:
-        call = _prepare(x, weight, bias, stride, padding, dilation, groups)
-        if key is not None and call.keep:
-            keep(_calls, key, call)
-    return call(x, weight, bias)
+    key = signature((x, weight, bias), (stride, padding, dilation, groups))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _prepare(x, weight, bias, stride, padding, dilation, groups)
+        if plan.final:
+            _plans.put(key, plan)
+    return plan(x, weight, bias)
 
 
 def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
@@ -390,7 +349,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     tma = product > SMALL_PRODUCT and conv2d_tma.suits(x, weight, stride)
     in_place = lambda: _lesson_route(x_seen, w_seen, bias, out, stride, (pt, pl), dilation,
                                      product)  # fmt: skip
-    kept = True
+    final = True
     if not tma or (not channels_last and product < NCHW_TIMED_PRODUCT):
         route = in_place()
     elif channels_last or product >= NCHW_TMA_PRODUCT:
@@ -398,7 +357,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
     elif far_x or far_w or into_graph() or torch.are_deterministic_algorithms_enabled():
         route = in_place()  # untimed: the same route on every run
     elif torch.cuda.is_current_stream_capturing():  # no timing inside a CUDA graph
-        route, kept = in_place(), False
+        route, final = in_place(), False
     else:  # an NCHW x in between: the faster of reading it in place and copying it
         routes = [in_place(), _tma_route(x_seen, w_seen, bias, out, (pt, pl), dilation)]
         options = (stride, padding, dilation, groups)
@@ -411,7 +370,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> _Call:
         def route(x, w, b, out):
             run(x.contiguous() if far_x else x, w.contiguous() if far_w else w, b, out)
 
-    return _Call(out.shape, memory_format, route, kept)
+    return _Call(out.shape, memory_format, route, final)
 
 
 def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callable:
@@ -422,11 +381,11 @@ def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callabl
 
 
 def _as_conv2d_calls_it(call: _Call, x, weight, bias, options: tuple) -> Callable[[], None]:
-    """`call` on these arguments at the host's cost of a kept conv2d() call: the
+    """`call` on these arguments at the host's cost of a planned conv2d() call: the
     signature's look-up, then the call (the output's allocation and the route)."""
 
     def as_called() -> None:
-        _calls.get(_signature(x, weight, bias, *options))
+        _plans.get(signature((x, weight, bias), options))
         call(x, weight, bias)
 
     return as_called
@@ -443,7 +402,7 @@ def _fastest_in_a_loop(calls: list[Callable[[], None]]) -> int:
     out of GPU memory (the copies need room of their own) counts as the slowest."""
     stream = torch.cuda.current_stream()  # where course_lib's kernels launch
     best = [float("inf")] * len(calls)
-    with unrecorded():  # a benchmark that records the first call's launches gets its own
+    with trial_launches():  # not the call's own: a recording of its launches leaves them out
         usable = [_runs(call) for call in calls]
         for _ in range(ROUTE_TIMING_ROUNDS):
             for i, call in enumerate(calls):
@@ -483,7 +442,7 @@ def _bias_only(x, weight, bias, out) -> None:
 
 def _lesson_route(x, weight, bias, out, stride, padding, dilation, product) -> Callable:
     """How the lesson's kernel runs this convolution: which operands are copied first, and
-    its launch, kept (see KeptLaunch: the call's signature fixes its specialisation)."""
+    its launch, bound (see BoundLaunch: the call's signature fixes its specialisation)."""
     (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
     # K's order follows the memory, copied where that costs less: see the module's docstring
     channels_inner = C >= MIN_CHANNELS_INNER
@@ -512,10 +471,10 @@ def _lesson_route(x, weight, bias, out, stride, padding, dilation, product) -> C
     if runtime.INTERPRETED or product <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(O, config["BLOCK_N"]),)
-        launch = KeptLaunch(conv2d_launcher, grid, meta | config)
+        launch = BoundLaunch(conv2d_launcher, grid, meta | config)
     else:
         grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(O, m["BLOCK_N"]),)
-        launch = KeptLaunch(conv2d_autotuned_launcher, grid, meta)
+        launch = BoundLaunch(conv2d_autotuned_launcher, grid, meta)
 
     def run(x, weight, bias, out):
         if copy_x:

@@ -8,9 +8,9 @@ TMA unit copies the shifted [1, BH, BW, BLOCK_K] box of the input, seen as the 4
 the padding, with no mask, no pointer and no index arithmetic per pixel. The weight is read
 the same way, as [O, kh, kw, C] boxes, and a channels-last output is stored as a box too.
 
-The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; on an H100
-this one ran the ResNet-50 3x3 layers channels-last at 0.83-0.97 of cuDNN where that one ran
-them at 0.69-0.79 (on an H200, 0.84-0.97 in the benchmark; both by the GPU's clock). It needs
+The lesson's kernel (conv2d.py) gathers its A tiles through pointers and masks; this one
+runs the ResNet-50 3x3 layers channels-last markedly faster (figures in the benchmark's
+report). It needs
 the channels innermost (an NCHW input is copied channels-last first, in one launch with its
 weight where both are: channels_last_pair_kernel below), 16-bit floats, stride 1, and rows a
 multiple of 16 bytes apart: `suits` says when. A stride of 2 would need boxes that skip every
@@ -26,26 +26,18 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
-from course_lib.bench.timing import autotune_timer
-from course_lib.kernels._launch import (
-    KeptLaunch,
-    LeanLauncher,
-    cdiv,
-    keep,
-    layout,
-    next_power_of_2,
-)
-from course_lib.kernels.matmul import grouped_tile
-from course_lib.kernels.matmul_fast_paths import TMA_GPUS, _capability
+from course_lib.gpu_timer import autotune_timer
+from course_lib.kernels._args import cdiv, next_power_of_2
+from course_lib.kernels._launch import BoundLaunch, LeanLauncher
+from course_lib.kernels._plan import PlanCache, signature
+from course_lib.kernels.hopper import TMA_GPUS, capability, descriptor
+from course_lib.kernels.tiles import grouped_tile
 
 # BH, BW (the output patch, BLOCK_M = BH·BW pixels), BLOCK_N, BLOCK_K, stages, warps: the
 # best of a search on an H100 over the ResNet-50 3x3 layers (8x8 patches for 64 channels
 # at 56x56, 32x4 for 128 at 28x28, 16x8 and 8x8 for 256 at 14x14) and their neighbours.
-# (At 32x64x56x56 on an H200 the 8x8x64 tile takes 31-32 µs in every process; read at
-# 38-51 µs by Triton's default timer, it lost to 16x8x64's 38: see bench.autotune_timer.)
 TILE_SHAPES = [
     (8, 8, 64, 64, 4, 4),
     (8, 8, 128, 64, 4, 4),
@@ -74,9 +66,9 @@ def tma_conv2d_kernel(
     out_desc the output as [B, OH, OW, O] where OUT_DESC; otherwise the output is stored
     through out_ptr and its strides (H and W key the autotuner only).
 
-    One program per tile: on an H100, a persistent grid and descriptors built on the GPU
-    both ran these layers slower (0.60-0.86 of cuDNN against 0.83-0.97) and saved the
-    host no time, which goes to Python, not to the descriptors."""
+    One program per tile: measured, a persistent grid and descriptors built on the GPU
+    both ran these layers slower and saved the host no time, which goes to Python, not
+    to the descriptors."""
     BLOCK_M: tl.constexpr = BH * BW
     tiles_h = tl.cdiv(OH, BH)
     tiles_w = tl.cdiv(OW, BW)
@@ -135,8 +127,8 @@ def channels_last_pair_kernel(
 ):  # fmt: skip
     """channels_last_kernel for an NCHW convolution's x and weight in one launch: the first
     x_programs programs copy x's tiles, the others the weight's, each with tiles of its own
-    shape. On an H200 the weight's copy as a launch of its own cost the host 13-14 µs a
-    call and the GPU 5-6 µs, a small kernel's least."""
+    shape: the weight's copy as a launch of its own costs the host a launch and the GPU a
+    small kernel's least time."""
     pid = tl.program_id(axis=0)
     if pid < x_programs:
         _copy_tile(x_ptr, x_dst_ptr, C, P, stride_xb, stride_xc, stride_xp, pid,
@@ -172,8 +164,8 @@ channels_last_pair_launcher = LeanLauncher(channels_last_pair_kernel)
 
 def _copy_tile_shape(C: int, P: int) -> dict:
     """channels_last_kernel's tile for images of C channels and P pixels: square, 64 x 64,
-    as lesson 03's transpose found best (on an H200 it copied ResNet's NCHW activations at
-    0.9-2.3 TB/s, 2-3x torch's own copy); for fewer pixels (a filter's kh·kw = 9 taps, say)
+    as lesson 03's transpose found best (it copies ResNet's NCHW activations several times
+    faster than torch's own copy); for fewer pixels (a filter's kh·kw = 9 taps, say)
     as few as cover them and more channels, where a square tile would leave most of its
     lanes masked off."""
     block_p = max(16, min(64, next_power_of_2(P)))
@@ -185,13 +177,12 @@ def _copy_tile_shape(C: int, P: int) -> dict:
 class _Copy:
     """How to copy a [B, C, H, W] operand channels-last, worked out once per layout: by
     channels_last_kernel where its H·W pixels are one axis (its rows follow each other in
-    memory, as in NCHW), by torch otherwise. On an H200 (4.2 TB/s for a plain copy), torch's
-    own copy of NCHW ResNet activations to channels-last ran at 440-720 GB/s, and
-    channels_last_kernel at 870-2320 GB/s."""
+    memory, as in NCHW), by torch otherwise, which copies NCHW activations to channels-last
+    at a fraction of the memory's speed."""
 
     shape: tuple
     args: tuple  # C, P and the three strides
-    launch: KeptLaunch | None  # None: torch copies; else its grid and tile are the copy's
+    launch: BoundLaunch | None  # None: torch copies; else its grid and tile are the copy's
 
     @staticmethod
     def of(t: torch.Tensor) -> _Copy:
@@ -202,7 +193,7 @@ class _Copy:
         P = H * W
         tile = _copy_tile_shape(C, P)
         tiles = cdiv(C, tile["BLOCK_C"]) * cdiv(P, tile["BLOCK_P"])
-        launch = KeptLaunch(channels_last_launcher, (B * tiles,), tile)
+        launch = BoundLaunch(channels_last_launcher, (B * tiles,), tile)
         return _Copy(t.shape, (C, P, t.stride(0), t.stride(1), stride_p), launch)
 
     def empty_like(self, t: torch.Tensor) -> torch.Tensor:
@@ -211,7 +202,7 @@ class _Copy:
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """The copy of `t`, which has the layout this copy was worked out for, and a
-        16-byte alignment that does not change between calls (see KeptLaunch)."""
+        16-byte alignment that does not change between calls (see BoundLaunch)."""
         if self.launch is None:
             return t.contiguous(memory_format=torch.channels_last)
         dst = self.empty_like(t)
@@ -227,7 +218,7 @@ class _Copies:
 
     copy_x: _Copy | None
     copy_w: _Copy | None
-    pair: KeptLaunch | None = field(init=False, default=None)
+    pair: BoundLaunch | None = field(init=False, default=None)
     x_args: tuple = field(init=False, default=())  # the pair's for x, x_programs last
 
     def __post_init__(self):
@@ -235,7 +226,7 @@ class _Copies:
         if x is not None and w is not None and x.launch is not None and w.launch is not None:
             x_programs, w_programs = x.launch.grid[0], w.launch.grid[0]
             tiles = {"W_BLOCK_C": w.launch.meta["BLOCK_C"], "W_BLOCK_P": w.launch.meta["BLOCK_P"]}
-            self.pair = KeptLaunch(channels_last_pair_launcher, (x_programs + w_programs,),
+            self.pair = BoundLaunch(channels_last_pair_launcher, (x_programs + w_programs,),
                                    x.launch.meta | tiles)  # fmt: skip
             self.x_args = (*x.args, x_programs)
 
@@ -293,7 +284,7 @@ def suits(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int]) -> boo
     """Whether tma_conv2d takes this convolution: on the GPUs in TMA_GPUS, fp16 or bf16,
     stride 1, and C and O multiples of 8, so that every row of channels is a multiple of
     16 bytes long (x's layout is tma_conv2d's business: it copies an NCHW x)."""
-    if runtime.INTERPRETED or _capability(x.get_device()) not in TMA_GPUS:
+    if runtime.INTERPRETED or capability(x.get_device()) not in TMA_GPUS:
         return False
     return (
         x.dtype in (torch.float16, torch.bfloat16)
@@ -305,11 +296,12 @@ def suits(x: torch.Tensor, weight: torch.Tensor, stride: tuple[int, int]) -> boo
 
 
 @dataclass
-class _Plan:
-    """What tma_conv2d works out once per layout of its operands: in a loop, checking
-    strides and building the kernel's arguments again on every call cost the host more
-    than the launch itself. Called as plan(x, weight, bias, out) on operands of that
-    layout (shapes, strides, dtype, and each one's alignment to 16 bytes, the bias's too)."""
+class ConvPlan:
+    """What tma_conv2d works out once per signature of its operands: in a loop, checking
+    strides and building the kernel's arguments again on every call would cost the host
+    more than the launch itself. Called as plan(x, weight, bias, out) on operands of that
+    signature (shapes, strides, dtype, and each one's alignment to 16 bytes, the bias's
+    too)."""
 
     copies: _Copies  # how x and the weight are copied channels-last first, where they are
     views: tuple  # (shape, strides) of x, the weight and the output, channels innermost
@@ -318,40 +310,39 @@ class _Plan:
     meta: dict
     grid: Callable[[dict], tuple]
     # once the autotuner has chosen: the boxes of its config, and the plain kernel's
-    # launch with it, with no pre_hook to run and no autotuner to consult (one attribute,
-    # set once: a thread never sees the launch without its boxes)
-    kept: tuple[tuple, KeptLaunch] | None = None
+    # launch bound to it, with no pre_hook to run and no autotuner to consult (one
+    # attribute, set once: a thread never sees the launch without its boxes)
+    bound: tuple[tuple, BoundLaunch] | None = None
 
     def __call__(self, x, weight, bias, out, config: dict | None = None) -> None:
         x, weight = self.copies(x, weight)
         if config is None and runtime.INTERPRETED:  # nothing to time there
             config = INTERPRETER_CONFIG
-        kept = self.kept
+        bound = self.bound
         if config is not None:
             boxes = _boxes(config)
-        elif kept is not None:
-            boxes = kept[0]
+        elif bound is not None:
+            boxes = bound[0]
         else:  # the autotuner's pre_hook sets the boxes of each config it tries
             boxes = ([1, 1, 1, 16],) * 3
         x_view, w_view, out_view = self.views
-        descs = (_descriptor(x, *x_view, boxes[0]), _descriptor(weight, *w_view, boxes[1]),
-                 _descriptor(out if self.out_desc else x, *out_view, boxes[2]))  # fmt: skip
+        descs = (descriptor(x, *x_view, boxes[0]), descriptor(weight, *w_view, boxes[1]),
+                 descriptor(out if self.out_desc else x, *out_view, boxes[2]))  # fmt: skip
         args = (*descs, out if bias is None else bias, out, *self.sizes)
         if config is not None:
             tma_conv2d_launcher[self.grid(config)](*args, **self.meta, **config)
-        elif kept is not None:
-            kept[1](*args)
+        elif bound is not None:
+            bound[1](*args)
         else:
-            tma_conv2d_autotuned_launcher[self.grid](*args, **self.meta)
-            config = tma_conv2d_autotuned_launcher.config
-            launch = KeptLaunch(
+            config = tma_conv2d_autotuned_launcher.tune(self.grid, args, self.meta)
+            launch = BoundLaunch(
                 tma_conv2d_launcher, self.grid(config), self.meta | config, tuned=config
             )
-            self.kept = _boxes(config), launch
+            self.bound = _boxes(config), launch
 
 
-# plans by the operands' layout (see tma_conv2d)
-_plans: dict[tuple, _Plan] = {}
+# plans by the operands' signature (see tma_conv2d)
+_plans = PlanCache()
 
 
 def _box_rules_kept(t: torch.Tensor) -> bool:
@@ -381,7 +372,7 @@ def _copy_plan(t: torch.Tensor) -> _Copy | None:
 
 
 def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-         padding: tuple[int, int], dilation: tuple[int, int]) -> _Plan:  # fmt: skip
+         padding: tuple[int, int], dilation: tuple[int, int]) -> ConvPlan:  # fmt: skip
     """What tma_conv2d does for operands of this layout, worked out from their shapes,
     strides, dtype and alignment (any of them may be on the meta device, whose tensors
     count as aligned): a plan that a caller keyed on those may keep and call."""
@@ -398,16 +389,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
     sizes = (B, H, W, C, O, OH, OW, *padding, *dilation, *out.stride())
     meta = dict(KH=KH, KW=KW, HAS_BIAS=bias is not None, OUT_DESC=out_desc)
     grid = lambda m: (B * cdiv(OH, m["BH"]) * cdiv(OW, m["BW"]) * cdiv(O, m["BLOCK_N"]),)
-    return _Plan(_Copies(copy_x, copy_w), views, out_desc, sizes, meta, grid)
-
-
-def _descriptor(t: torch.Tensor, shape: list, strides: list, box: list) -> TensorDescriptor:
-    """A descriptor over `t` seen with this shape and these strides, which follow the TMA
-    unit's rules (plan checked them), without checking them again on every call."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides = t, shape, strides
-    desc.block_shape, desc.padding = box, "zero"
-    return desc
+    return ConvPlan(_Copies(copy_x, copy_w), views, out_desc, sizes, meta, grid)
 
 
 def tma_conv2d(
@@ -420,9 +402,9 @@ def tma_conv2d(
     optionally num_warps and num_stages). x and the weight are copied channels-last where
     they are not; out may have any layout, and bias must be contiguous. Shapes are not
     checked here: conv2d checks them, and keeps its plan itself."""
-    key = (layout(x), layout(weight), layout(bias), layout(out), padding, dilation)
-    kept = _plans.get(key)
-    if kept is None:
-        kept = keep(_plans, key, plan(x, weight, bias, out, padding, dilation))
-    kept(x, weight, bias, out, config)
+    key = signature((x, weight, bias, out), (padding, dilation))
+    conv_plan = _plans.get(key)
+    if conv_plan is None:
+        conv_plan = _plans.put(key, plan(x, weight, bias, out, padding, dilation))
+    conv_plan(x, weight, bias, out, config)
     return out

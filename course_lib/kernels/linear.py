@@ -20,25 +20,19 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
-from course_lib.bench.timing import autotune_timer
-from course_lib.kernels import matmul_fast_paths as fast
-from course_lib.kernels._launch import (
-    KeptLaunch,
-    LeanLauncher,
-    cdiv,
-    into_graph,
-    keep,
-    layout,
-)
-from course_lib.kernels.matmul import (
+from course_lib.gpu_timer import autotune_timer
+from course_lib.kernels._args import cdiv
+from course_lib.kernels._launch import BoundLaunch, LeanLauncher
+from course_lib.kernels._plan import PlanCache, into_graph, signature
+from course_lib.kernels.matmul import TILE_SHAPES, matmul, matmul_plan
+from course_lib.kernels.matmul_fast_paths import tma_launch, tma_takes
+from course_lib.kernels.tiles import (
     INTERPRETER_CONFIG,
     LAYOUT_KEY,
     SMALL_CONFIG,
     SMALL_PRODUCT,
-    TILE_SHAPES,
     activate,
     dot_over_k,
-    matmul,
     tile_configs,
     tile_offsets,
 )
@@ -122,8 +116,7 @@ def output_grad_kernel(
 
 
 # lesson 05's tiles, and one more for the epilogue: with GELU's erf to compute, a 64 x 128
-# tile on 8 warps ran a 1024^3 bf16 forward at 155 TFLOP/s on an H100, against 148 for the
-# tile the autotuner chose among lesson 05's (64 x 64 on 4 warps)
+# tile on 8 warps ran a 1024^3 bf16 forward faster than any of lesson 05's (measured)
 LINEAR_TILE_SHAPES = [*TILE_SHAPES, (64, 128, 64, 4, 8)]
 # M, N, K and the dtypes (the autotuner adds these) choose the tile
 # the epilogue is in the key: GELU's registers can make another tile the fastest
@@ -146,13 +139,28 @@ def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for a [M, K] and b [K, N] of any strides, arguments already checked: a new
     contiguous [M, N] tensor. 16- and 32-bit operands go to lesson 05's finished `matmul`,
     with its expert paths; float64 ones (gradcheck's) to linear_kernel."""
-    return Product()(a, b)
+    return matmul(a, b) if a.dtype != torch.float64 else _product_plan(a, b)(a, b)
+
+
+def _product_plan(a: torch.Tensor, b: torch.Tensor) -> Callable:
+    """product's plan for operands laid out like a and b: a function of (a, b)."""
+    if a.dtype != torch.float64:
+        return matmul_plan(a, b)
+    shape = (a.shape[0], b.shape[1])
+    fill = _route(a, b, a.new_empty(shape), None, None, save_z=False)
+
+    def plan(a, b):
+        c = a.new_empty(shape)
+        fill(a, b, c, None, None)
+        return c
+
+    return plan
 
 
 def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
     """How to fill c = activation(a @ b + bias), and z = a @ b + bias where save_z, for
     a [M, K], b [K, N] and bias [N] or None laid out like these, c and z new contiguous
-    [M, N] tensors: a function of (a, b, c, bias, z), its launch kept (see KeptLaunch:
+    [M, N] tensors: a function of (a, b, c, bias, z), its launch bound (see BoundLaunch:
     a call laid out like this one shares its specialisation). On the GPUs that have it,
     a large product without z goes to the persistent TMA kernel, whose epilogue adds the
     bias and the activation; the rest to linear_kernel."""
@@ -164,10 +172,10 @@ def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
         return lambda a, b, c, bias, z: fill(a, b, c, bias.contiguous(), z)
     tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     precision = "tf32" if tf32 else "ieee"
-    # large products only: measured on an H100, a 1024^3 bf16 forward with GELU ran at 44
-    # TFLOP/s there against 147 in linear_kernel
-    if not save_z and fast._tma_takes(a, b, c, tf32):
-        launch = fast._tma_launch_for(a, b, c, activation or "", precision, None, bias is not None)
+    # large products only: measured, a 1024^3 bf16 forward with GELU ran at a third of
+    # linear_kernel's speed there
+    if not save_z and tma_takes(a, b, c, tf32):
+        launch = tma_launch(a, b, c, activation or "", precision, None, bias is not None)
         return lambda a, b, c, bias, z: launch(a, b, c, bias)
     meta = dict(
         HAS_BIAS=bias is not None, ACTIVATION=activation or "", SAVE_Z=save_z,
@@ -177,10 +185,10 @@ def _route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
     if runtime.INTERPRETED or M * N * K <= SMALL_PRODUCT:
         config = INTERPRETER_CONFIG if runtime.INTERPRETED else SMALL_CONFIG
         grid = (cdiv(M, config["BLOCK_M"]) * cdiv(N, config["BLOCK_N"]),)
-        launch = KeptLaunch(linear_launcher, grid, meta | config)
+        launch = BoundLaunch(linear_launcher, grid, meta | config)
     else:
         grid = lambda m: (cdiv(M, m["BLOCK_M"]) * cdiv(N, m["BLOCK_N"]),)
-        launch = KeptLaunch(linear_autotuned_launcher, grid, meta)
+        launch = BoundLaunch(linear_autotuned_launcher, grid, meta)
 
     def fill(a, b, c, bias, z):
         # c stands in for the pointers the kernel does not read
@@ -195,13 +203,12 @@ def output_grad(
     """(gz, grad_bias) for the output's gradient g [M, N] of any strides: gz = g times the
     activation's slope at what the forward saved (g itself without an activation), and
     grad_bias = gz summed over the rows where `bias_grad`, else None. One pass over g."""
-    return OutputGrad(g, saved, activation, bias_grad)(g, saved)
+    return OutputGradPlan(g, saved, activation, bias_grad)(g, saved)
 
 
-class OutputGrad:
-    """output_grad's launches for a g and a saved tensor laid out like these, worked out
-    once and kept (see KeptLaunch): a backward kept per layout of its output gradient
-    calls it once a step."""
+class OutputGradPlan:
+    """output_grad's launches for a g and a saved tensor laid out like these, bound once
+    (see BoundLaunch): a backward plan calls it once a step."""
 
     def __init__(self, g, saved, activation: str | None, bias_grad: bool):
         M, N = g.shape
@@ -215,11 +222,11 @@ class OutputGrad:
         self.sums_dtype = torch.float64 if g.dtype == torch.float64 else torch.float32
         meta = dict(BLOCK_M=GRAD_ROWS, BLOCK_N=GRAD_COLUMNS, ACC_DTYPE=_accumulator(g.dtype))
         pass_meta = meta | dict(ACTIVATION=activation or "", SUM=bias_grad)
-        self.one_pass = KeptLaunch(output_grad_launcher, (columns, row_programs), pass_meta)
+        self.one_pass = BoundLaunch(output_grad_launcher, (columns, row_programs), pass_meta)
         saved_strides = (g if saved is None else saved).stride()
         self.pass_sizes = (M, N, rows_per_program, *g.stride(), *saved_strides)
         # the sums, contiguous [row_programs, N], added by one program per column block
-        self.add_sums = KeptLaunch(
+        self.add_sums = BoundLaunch(
             output_grad_launcher, (columns, 1), meta | dict(ACTIVATION="", SUM=True)
         )
         self.add_sizes = (row_programs, N, row_programs, N, 1, N, 1)
@@ -239,134 +246,67 @@ class OutputGrad:
         return gz, grad_bias
 
 
-class Product:
-    """product(a, b) for operands laid out like those of its first call, keeping the way
-    that call took: matmul's Route, or linear_kernel's launch for float64."""
+class BackwardPlan:
+    """input_gradients' launches for a g [M, N] (grad_y flattened), x2d, weight and saved
+    laid out like these, under the same switches: the pass over g, then the products."""
 
-    def __init__(self):
-        self.kept: Callable | None = None
+    def __init__(self, g, x2d, weight, saved, activation: str | None, bias_grad: bool):
+        self.output_grad = OutputGradPlan(g, saved, activation, bias_grad)
+        gz = g if activation is None else g.new_empty(g.shape)  # laid out as output_grad's
+        self.grad_x = None if weight is None else _product_plan(gz, weight)
+        self.grad_weight = None if x2d is None else _product_plan(gz.t(), x2d)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if self.kept is not None:
-            return self.kept(a, b)
-        if a.dtype != torch.float64:
-            c = matmul(a, b)
-            self.kept = fast.known_route(a, b, None)  # None where matmul keeps none
-            return c
-        shape = (a.shape[0], b.shape[1])
-        fill = _route(a, b, a.new_empty(shape), None, None, save_z=False)
-
-        def kept(a, b):
-            c = a.new_empty(shape)
-            fill(a, b, c, None, None)
-            return c
-
-        self.kept = kept
-        return kept(a, b)
-
-
-class Backward:
-    """input_gradients' launches, kept for a grad_y, x2d, weight and saved laid out like
-    those of its first call, under the same TF32 switch (see _Plan.backward)."""
-
-    def __init__(self, activation: str | None, bias_grad: bool):
-        self.activation, self.bias_grad = activation, bias_grad
-        self.output_grad: OutputGrad | None = None
-        self.grad_x, self.grad_weight = Product(), Product()
-
-    def __call__(self, grad_y, x2d, weight, saved):
-        g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
-        saved = None if saved is None else saved.reshape(g.shape)
-        if self.output_grad is None:
-            self.output_grad = OutputGrad(g, saved, self.activation, self.bias_grad)
+    def __call__(self, g, x2d, weight, saved):
         gz, grad_bias = self.output_grad(g, saved)
         grad_x = self.grad_x(gz, weight) if weight is not None else None
         grad_weight = self.grad_weight(gz.t(), x2d) if x2d is not None else None
         return grad_x, grad_weight, grad_bias
 
 
-class _Plan:
-    """What linear() works out from its arguments before it launches: y's shape, for
-    each of with and without z the product's route (see _route), made on the first call
-    that needs it, and the backward's launches (see backward). It depends only on what
-    _signature keeps, so it is kept per signature: in a loop over a small layer, checking
-    the arguments and choosing the route again cost the host more than the launch
-    itself."""
+class ForwardPlan:
+    """linear's plan: y's shape, and the product's route (see _route), without z and, for
+    gelu, with it."""
 
-    def __init__(self, x: torch.Tensor, weight: torch.Tensor, activation: str | None):
+    def __init__(self, x, weight, bias, activation: str | None):
         self.rows = math.prod(x.shape[:-1])  # every leading dimension: M
         self.shape = (*x.shape[:-1], weight.shape[0])
-        self.activation = activation
-        self.routes: dict[bool, Callable] = {}
-        self.backwards: dict[tuple, Backward] = {}
+        x2d, w_t = x.reshape(self.rows, x.shape[-1]), weight.t()
+        y2d = x.new_empty((self.rows, self.shape[-1]))
+        self.fill = _route(x2d, w_t, y2d, bias, activation, save_z=False)
+        self.fill_z = None  # z is saved for gelu's backward only
+        if activation == "gelu":
+            self.fill_z = _route(x2d, w_t, y2d, bias, activation, save_z=True)
 
-    def forward(self, x, weight, bias, save_z: bool):
+    def __call__(self, x, weight, bias, save_z: bool = False):
         """(y [..., out], z [M, out] or None, x flattened to [M, in]): the product written
         straight into y, so that y is no view and may be changed in place."""
         x2d = x.reshape(self.rows, x.shape[-1])  # a view where x's strides allow, else a copy
         y = x.new_empty(self.shape)
-        y2d, w_t = y.view(self.rows, self.shape[-1]), weight.t()
+        y2d = y.view(self.rows, self.shape[-1])
         z = x.new_empty(y2d.shape) if save_z else None
-        fill = self.routes.get(save_z)
-        if fill is None:
-            fill = self.routes[save_z] = _route(x2d, w_t, y2d, bias, self.activation, save_z)
-        fill(x2d, w_t, y2d, bias, z)
+        (self.fill_z if save_z else self.fill)(x2d, weight.t(), y2d, bias, z)
         return y, z, x2d
 
-    def backward(self, grad_y, x2d, weight, saved, bias_grad: bool):
-        """input_gradients for the tensors this plan's forward saved, by the launches kept
-        for their layouts. Those of x2d, weight and saved follow from the plan's signature
-        unless saved-tensor hooks (torch.autograd.graph.save_on_cpu, say) hand back copies,
-        so they are in the key with grad_y's; so is TF32's switch, read by the products
-        when the backward runs, not when the forward did."""
-        key = (
-            layout(grad_y), layout(x2d), layout(weight), layout(saved), bias_grad,
-            torch.backends.cuda.matmul.allow_tf32,
-        )  # fmt: skip
-        steps = self.backwards.get(key)
-        if steps is None:
-            steps = keep(self.backwards, key, Backward(self.activation, bias_grad))
-        return steps(grad_y, x2d, weight, saved)
+
+_plans = PlanCache()  # linear's forward plans, by signature
+_backward_plans = PlanCache()  # and its backward's
 
 
-_plans: dict[tuple, _Plan] = {}
-
-
-def _signature(x, weight, bias, activation) -> tuple | None:
-    """Everything of a call that linear's checks and choices depend on: each tensor's
-    layout (shape, strides, dtype, device, 16-byte alignment), the activation and TF32's
-    switch. None where the call is not to be kept: arguments that are not tensors, an
-    activation that is not None or a string, or tensors being traced into a graph, which
-    have no address."""
-    if into_graph() or not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
-        return None
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        return None
-    if not (activation is None or type(activation) is str):
-        return None
-    return (
-        layout(x), layout(weight), layout(bias), activation,
-        torch.backends.cuda.matmul.allow_tf32,
-    )  # fmt: skip
-
-
-def _plan(x, weight, bias, activation) -> _Plan:
-    """The kept plan for these arguments, made, and the arguments checked, on the first
-    call like them."""
-    key = _signature(x, weight, bias, activation)
-    plan = None if key is None else _plans.get(key)
+def _plan(x, weight, bias, activation) -> ForwardPlan:
+    """The plan for these arguments, made, and the arguments checked, on the first call
+    like them."""
+    key = signature((x, weight, bias), (activation,))
+    plan = _plans.get(key)
     if plan is None:
         if not into_graph():  # a traced call: course_lib.ops checks before it traces
-            _check(x, weight, bias, activation)
-        plan = _Plan(x, weight, activation)
-        if key is not None:
-            keep(_plans, key, plan)
+            check_arguments(x, weight, bias, activation)
+        plan = _plans.put(key, ForwardPlan(x, weight, bias, activation))
     return plan
 
 
-def _forward(x, weight, bias, activation, save_z=False):
+def forward(x, weight, bias, activation, save_z=False):
     """(y [..., out], z [M, out] or None, x flattened to [M, in]), for course_lib.ops."""
-    return _plan(x, weight, bias, activation).forward(x, weight, bias, save_z)
+    return _plan(x, weight, bias, activation)(x, weight, bias, save_z)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -380,18 +320,18 @@ class LinearFunction(torch.autograd.Function):
         any_grad = needs_x or needs_weight or needs_bias
         save_z = activation == "gelu" and any_grad
         plan = plan or _plan(x, weight, bias, activation)
-        y, z, x2d = plan.forward(x, weight, bias, save_z)
+        y, z, x2d = plan(x, weight, bias, save_z)
         saved = z if save_z else y if activation == "relu" and any_grad else None
         ctx.save_for_backward(x2d if needs_weight else None, weight if needs_x else None, saved)
-        ctx.plan, ctx.x_shape = plan, x.shape
+        ctx.activation, ctx.x_shape = activation, x.shape
         return y
 
     @staticmethod
     @once_differentiable  # the backward's kernels record no graph of their own
     def backward(ctx, grad_y):
         x2d, weight, saved = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = ctx.plan.backward(
-            grad_y, x2d, weight, saved, ctx.needs_input_grad[2]
+        grad_x, grad_weight, grad_bias = input_gradients(
+            grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
         )
         grad_x = None if grad_x is None else grad_x.view(ctx.x_shape)
         return grad_x, grad_weight, grad_bias, None, None
@@ -401,8 +341,16 @@ def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
     """(grad_x [M, in], grad_weight, grad_bias) for the output's gradient grad_y [..., out]:
     grad_x where `weight` is given, grad_weight where `x2d` [M, in] is, grad_bias where
     `bias_grad`; None for the others. `saved` is what the forward kept for the
-    activation's slope (relu's y or gelu's z, any shape with M·out elements) or None."""
-    return Backward(activation, bias_grad)(grad_y, x2d, weight, saved)
+    activation's slope (relu's y or gelu's z, any shape with M·out elements) or None.
+    Those of x2d, weight and saved are in the signature with grad_y's: saved-tensor hooks
+    (torch.autograd.graph.save_on_cpu, say) may hand back copies laid out otherwise."""
+    g = grad_y.reshape(math.prod(grad_y.shape[:-1]), grad_y.shape[-1])
+    saved = None if saved is None else saved.reshape(g.shape)
+    key = signature((g, x2d, weight, saved), (activation, bias_grad))
+    plan = _backward_plans.get(key)
+    if plan is None:
+        plan = _backward_plans.put(key, BackwardPlan(g, x2d, weight, saved, activation, bias_grad))
+    return plan(g, x2d, weight, saved)
 
 
 def linear(
@@ -425,10 +373,11 @@ def linear(
         return LinearFunction.apply(x, weight, bias, activation, plan)
     # nothing to differentiate: skip autograd's bookkeeping, a good part of a small
     # layer's host time
-    return plan.forward(x, weight, bias, save_z=False)[0]
+    return plan(x, weight, bias)[0]
 
 
-def _check(x, weight, bias, activation) -> None:
+def check_arguments(x, weight, bias, activation) -> None:
+    """A clear error for arguments linear does not take."""
     tensors = {"x": x, "weight": weight} | ({} if bias is None else {"bias": bias})
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):

@@ -1,7 +1,7 @@
 """The expert paths of lesson 05's matmul, taught in its appendix, "matmul on Hopper".
 
-`matmul` (matmul.py) hands each new layout of operands to `first_call`, which chooses
-a Route for it, kept for the next calls (`known_route`):
+`matmul` (matmul.py) asks `plan` for each new layout of operands whether these paths take
+it, and keeps the Route returned:
 
 - copies of A and B with rows a multiple of 16 elements apart where they are not, so
   that tiles load 16 bytes at a time (and of views too wide for 32-bit offsets);
@@ -21,26 +21,28 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib import runtime
-from course_lib.bench.timing import autotune_timer
+from course_lib.gpu_timer import autotune_timer
 from course_lib.interpreter_guard import span
-from course_lib.kernels._launch import (
-    KeptLaunch,
-    LeanLauncher,
-    cdiv,
-    into_graph,
-    keep,
-    layout,
-    tuned_config,
+from course_lib.kernels._args import cdiv
+from course_lib.kernels._launch import BoundLaunch, LeanLauncher, tuned_config
+from course_lib.kernels._plan import into_graph
+from course_lib.kernels.hopper import (  # noqa: F401  (tma_available: the appendix's)
+    TMA_GPUS,
+    by_rows,
+    capability,
+    column_major,
+    descriptor,
+    sm_count,
+    tma_available,
+    tma_rule_broken,
 )
-from course_lib.kernels.matmul import (
+from course_lib.kernels.tiles import (
     INTERPRETER_CONFIG,
     LAYOUT_KEY,
     activate,
     grouped_tile,
-    lesson_launch,
     store_tile,
     tile_configs,
     tile_offsets,
@@ -74,101 +76,64 @@ TMA_TILE_SHAPES = [
     (128, 128, 32, 4, 8, False),
     (128, 64, 32, 4, 4, False),
 ]
-# the GPUs (compute capability) where tma_matmul_kernel was measured and takes over
-TMA_GPUS = {(9, 0)}
 # Below this many multiply-adds (2048^3) a product takes less GPU time than the host takes to
 # launch tma_matmul_kernel (three descriptors a call) and does not go to it, whatever the
-# layout of a 16-bit B. On an H200 an fp16 product with B K-major ran at 28 TFLOP/s in
-# tma_matmul_kernel against 37 in the lesson's kernel at 512^3, and at 1024^3 about as fast
-# in both on the GPU's clock (173-193 against 174), while the host spent 43 µs a call
-# launching the TMA kernel and 16 launching the lesson's
+# layout of a 16-bit B: the lesson's kernel is as fast there on the GPU, and its launch
+# costs the host far less (figures in the appendix to lesson 05)
 TMA_MIN_PRODUCT = 2048**3
 # A TF32 product with a B that is not K-major copies B K-major for tma_matmul_kernel where
 # A has this many rows or more (and the product is past TMA_MIN_PRODUCT): the copy's cost
-# grows with B, the product's with A's rows too. On an H200 (B row-major on both sides) the
-# copy and the TMA kernel ran at 0.92-1.06 of torch with 4096 rows or more, against
-# 0.82-1.03 in tf32_b_first_kernel (0.92 against 0.87 at 4096^3); level at 3072 rows;
-# behind at 2048 (0.84 against 0.90 at 2048 x 4096 x 4096)
+# grows with B, the product's with A's rows too; measured, the two routes run level at
+# 3072 rows, and the copy wins from 4096 (figures in the appendix to lesson 05)
 TF32_COPY_MIN_ROWS = 4096
 
 
 @dataclass
 class Route:
-    """How matmul computes products whose operands are laid out alike (see _layout):
-    which operands it copies first, with which axis contiguous (see padded_copy), and the
-    launch that follows, a function of (a, b, c) found by first_call."""
+    """How matmul computes products whose operands are laid out alike: which operands it
+    copies first, with which axis contiguous (see padded_copy), and the launch that
+    follows, a function of (a, b, c)."""
 
     shape: tuple[int, int]  # C's
     copy_a: PaddedCopy | None
     copy_b: PaddedCopy | None
-    launch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None
+    launch: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        c = a.new_empty(self.shape)
-        self.launch(*self.copied(a, b), c)
-        return c
-
-    def copied(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.copy_a is not None:
             a = self.copy_a(a)
         if self.copy_b is not None:
             b = self.copy_b(b)
-        return a, b
+        c = a.new_empty(self.shape)
+        self.launch(a, b, c)
+        return c
 
 
-# how matmul computes a product, by the operands' layout (see _layout), found on the first
-# call with that layout: checking and choosing on every call would cost the host a good
-# part of a launch's time
-_routes: dict[tuple, Route] = {}
-
-
-def known_route(a, b, activation) -> Route | None:
-    """The Route that matmul took for operands laid out like these, if it has seen them."""
-    return _routes.get(_layout(a, b, activation))
-
-
-def _layout(a, b, activation) -> tuple | None:
-    """Everything matmul's checks and choice of kernel depend on: shapes, strides, dtypes,
-    devices, whether each operand starts 16-byte aligned, the activation and, for fp32,
-    whether TF32 is allowed. None where no route is kept (an argument that is not a
-    tensor, an unknown activation, tensors traced into a graph)."""
-    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-    if not tensors or activation not in (None, "relu") or into_graph():
-        return None
-    return layout(a), layout(b), activation, _tf32(a)
-
-
-def _tf32(a: torch.Tensor) -> bool:
-    return a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
-def first_call(a: torch.Tensor, b: torch.Tensor, activation: str | None) -> torch.Tensor:
-    """c = a @ b for operands that matmul has checked, by the Route chosen for them and
-    kept for the next calls with this layout.
+def plan(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None, tf32: bool,
+    lesson_launch: Callable,
+) -> Route | None:  # fmt: skip
+    """The Route of a product that matmul has checked, for operands laid out like a and b
+    and a new c; None where the lesson's kernel takes them as they are.
 
     A and B are first copied where `_copy_axis` says so. TF32 wants A with K contiguous
     and takes B either way: one that is not K-major goes B-first (tf32_b_first_kernel),
     or is copied K-major where `_copies_b_k_major` says so. On the Hopper GPUs in TMA_GPUS
-    large products go to tma_matmul_kernel. The lesson's kernel takes the rest."""
-    layout, tf32 = _layout(a, b, activation), _tf32(a)
-    M, N = a.shape[0], b.shape[1]
+    large products go to tma_matmul_kernel. `lesson_launch(a, b, c, activation, tf32)`,
+    matmul's, launches the lesson's kernel on copies that no expert kernel takes."""
     axis_a = _copy_axis(a, 1 if tf32 else None)
     axis_b = 0 if tf32 and _copies_b_k_major(a, b, axis_a is not None) else _copy_axis(b)
-    route = Route(
-        (M, N),
-        None if axis_a is None else PaddedCopy.of(a, axis_a),
-        None if axis_b is None else PaddedCopy.of(b, axis_b),
-    )
-    a, b = route.copied(a, b)
-    c = a.new_empty((M, N))
-    route.launch = _expert_launch(a, b, c, activation, tf32) or lesson_launch(
-        a, b, c, activation, tf32
-    )
-    route.launch(a, b, c)
-    if layout is None:
-        return c
-    keep(_routes, layout, route)
-    return c
+    copy_a = None if axis_a is None else PaddedCopy.of(a, axis_a)
+    copy_b = None if axis_b is None else PaddedCopy.of(b, axis_b)
+    # what the launch is planned for: the copies' layout, in new tensors, unfilled
+    a = a if copy_a is None else copy_a.empty_like(a)
+    b = b if copy_b is None else copy_b.empty_like(b)
+    launch = _expert_launch(a, b, c, activation, tf32)
+    if launch is None:
+        if copy_a is None and copy_b is None:
+            return None
+        launch = lesson_launch(a, b, c, activation, tf32)
+    return Route((a.shape[0], b.shape[1]), copy_a, copy_b, launch)
 
 
 def _copies_b_k_major(a: torch.Tensor, b: torch.Tensor, a_copied: bool) -> bool:
@@ -177,20 +142,20 @@ def _copies_b_k_major(a: torch.Tensor, b: torch.Tensor, a_copied: bool) -> bool:
     TMA_MIN_PRODUCT multiply-adds and TF32_COPY_MIN_ROWS rows of A, where A (or its copy),
     C and the copy of B all suit the TMA unit."""
     (M, K), N = a.shape, b.shape[1]
-    if _column_major(b) or M < TF32_COPY_MIN_ROWS or M * K * N < TMA_MIN_PRODUCT:
+    if column_major(b) or M < TF32_COPY_MIN_ROWS or M * K * N < TMA_MIN_PRODUCT:
         return False
     if N % 4 != 0 or not padded_copy_fits(b, contiguous_axis=0):  # C's rows; B's copy
         return False
-    if not (a_copied or _tma_rule_broken(a) is None):
+    if not (a_copied or tma_rule_broken(a) is None):
         return False
-    return not runtime.INTERPRETED and _capability(a.get_device()) in TMA_GPUS
+    return not runtime.INTERPRETED and capability(a.get_device()) in TMA_GPUS
 
 
 def _expert_launch(a, b, c, activation: str | None, tf32: bool) -> Callable | None:
     """The launch of an expert path that takes operands laid out like these, if one does."""
-    if _tma_takes(a, b, c, tf32):
+    if tma_takes(a, b, c, tf32):
         precision = "tf32" if tf32 else "ieee"
-        return _tma_launch_for(a, b, c, activation or "", precision, config=None)
+        return tma_launch(a, b, c, activation or "", precision, config=None)
     if not (tf32 and b.stride(1) == 1 and b.stride(0) != 1):
         return None
     meta = {"ACTIVATION": activation or ""}
@@ -377,7 +342,7 @@ def _before_device_descriptors(*args, **kwargs) -> None:
     if not named.get("DEVICE_DESCRIPTORS"):
         return
     for name in ("a_desc", "b_desc", "c_desc"):
-        if rule := _tma_rule_broken(named[name]):
+        if rule := tma_rule_broken(named[name]):
             raise ValueError(
                 f"matmul: an operand ({name[0]}) of this compiled product breaks a rule of the "
                 f"TMA unit that the graph was compiled for: {rule}; pass a .clone() of that "
@@ -393,7 +358,7 @@ def _scratch_memory(size: int, alignment: int, stream: int | None) -> torch.Tens
 tma_matmul_kernel.add_pre_run_hook(_before_device_descriptors)
 
 
-def _tma_takes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
+def tma_takes(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) -> bool:
     """Whether this product goes to tma_matmul_kernel: from TMA_MIN_PRODUCT multiply-adds,
     where the kernel takes it (_tma_suits)."""
     return a.shape[0] * a.shape[1] * b.shape[1] >= TMA_MIN_PRODUCT and _tma_suits(a, b, c, tf32)
@@ -405,52 +370,13 @@ def _tma_suits(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tf32: bool) ->
     (TF32 reads both tiles K-major from shared memory; a row-major B is copied K-major
     first, or goes to tf32_b_first_kernel), every matrix meeting the TMA unit's rules:
     16-byte aligned, rows too."""
-    if runtime.INTERPRETED or _capability(a.get_device()) not in TMA_GPUS:
+    if runtime.INTERPRETED or capability(a.get_device()) not in TMA_GPUS:
         return False
     if a.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False  # a float64 product (lesson 07's gradcheck) takes linear_kernel
-    if a.dtype == torch.float32 and not (tf32 and _column_major(b) and not _column_major(a)):
+    if a.dtype == torch.float32 and not (tf32 and column_major(b) and not column_major(a)):
         return False
-    return not any(_tma_rule_broken(t) for t in (_by_rows(a), _by_rows(b), c))
-
-
-def _column_major(t: torch.Tensor) -> bool:
-    """Whether the 2-D `t` has its first axis contiguous and not its last: K-major, for b."""
-    row_stride, col_stride = t.stride()
-    return row_stride == 1 and col_stride != 1
-
-
-def _by_rows(t: torch.Tensor) -> torch.Tensor:
-    """An operand as the TMA unit reads it: itself when row-major, its transpose when its
-    first axis is contiguous (a K-major B, an M-major A)."""
-    return t.t() if _column_major(t) else t
-
-
-def _tma_rule_broken(t: torch.Tensor) -> str | None:
-    """Which of the TMA unit's rules the 2-D `t` breaks, if any."""
-    row_stride, col_stride = t.stride()
-    if col_stride != 1:
-        return "its last axis must be contiguous (b: either axis)"
-    if row_stride < t.shape[1] or row_stride * t.element_size() % 16 != 0:
-        return "its rows must not overlap and must lie a multiple of 16 bytes apart"
-    # a traced tensor has no address: Inductor starts its buffers 16-byte aligned, and
-    # copies an input that is not when its graph was compiled for an aligned one
-    start = t.storage_offset() * t.element_size() if into_graph() else t.data_ptr()
-    if start % 16 != 0:
-        return "it must start at a 16-byte aligned address"
-    return None
-
-
-@functools.cache
-def _capability(device: int) -> tuple[int, int]:
-    """The compute capability of the GPU with this index."""
-    return torch.cuda.get_device_capability(device)
-
-
-def tma_available() -> bool:
-    """Whether tma_matmul can run here: in the interpreter, or on a GPU with a TMA unit
-    (compute capability 9.0, Hopper, or later)."""
-    return runtime.INTERPRETED or _capability(torch.cuda.current_device()) >= (9, 0)
+    return not any(tma_rule_broken(t) for t in (by_rows(a), by_rows(b), c))
 
 
 def tma_matmul(
@@ -461,7 +387,7 @@ def tma_matmul(
     `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and
     num_stages). c needs its last axis contiguous, a and b either axis, each with rows a
     multiple of 16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
-    _tma_rule_broken); activation is None, "relu" or "gelu", and bias a contiguous [N] or
+    hopper.tma_rule_broken); activation is None, "relu" or "gelu", and bias a contiguous [N] or
     None. Shapes and dtypes are not checked here: matmul checks them."""
     if not tma_available():
         raise RuntimeError(
@@ -475,30 +401,29 @@ def tma_matmul(
         )
     if 0 in (*a.shape, *b.shape):
         raise ValueError(f"tma_matmul: a {list(a.shape)} @ b {list(b.shape)} has an empty axis")
-    for name, t in (("a", _by_rows(a)), ("b", _by_rows(b)), ("c", c)):
-        if rule := _tma_rule_broken(t):
+    for name, t in (("a", by_rows(a)), ("b", by_rows(b)), ("c", c)):
+        if rule := tma_rule_broken(t):
             raise ValueError(
                 f"tma_matmul: {name} (strides {list(t.stride())}, {t.dtype}) breaks a rule of "
                 f"the TMA unit: {rule}; padded_copy makes a copy that follows them all"
             )
     if config is None and runtime.INTERPRETED:  # nothing to time there
         config = {**INTERPRETER_CONFIG, "WARP_SPECIALIZE": False}
-    _tma_launch_for(a, b, c, activation or "", input_precision, config, bias is not None)(
-        a, b, c, bias
-    )
+    has_bias = bias is not None
+    tma_launch(a, b, c, activation or "", input_precision, config, has_bias)(a, b, c, bias)
 
 
-def _tma_launch_for(
+def tma_launch(
     a, b, c, activation: str, precision: str, config: dict | None, has_bias: bool = False
 ) -> Callable:
     """tma_matmul without its checks, for operands laid out like a, b and c: a function of
-    (a, b, c, bias=None) that builds the three descriptors and launches, and keeps the
-    compiled kernel it launches for its next calls (see KeptLaunch: a bias, if any, is as
-    far from a 16-byte boundary on each call); while tracing into a graph, one that
-    launches the kernel building them on the GPU."""
-    a_m_major, b_k_major = _column_major(a), _column_major(b)
+    (a, b, c, bias=None) that builds the three descriptors and launches, its launch bound
+    once the autotuner has chosen (see BoundLaunch: a bias, if any, is as far from a
+    16-byte boundary on each call); while tracing into a graph, one that launches the
+    kernel building them on the GPU."""
+    a_m_major, b_k_major = column_major(a), column_major(b)
     (M, K), N = a.shape, c.shape[1]
-    num_sms = 4 if runtime.INTERPRETED else _sm_count(a.get_device())
+    num_sms = 4 if runtime.INTERPRETED else sm_count(a.get_device())
     meta = dict(
         NUM_SMS=num_sms, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=has_bias,
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),
@@ -513,29 +438,29 @@ def _tma_launch_for(
     meta |= {"DEVICE_DESCRIPTORS": False}
     # the plain kernel's launch with the config given, or with the autotuner's choice once
     # made: no pre_hook to run and no autotuner to consult on the later calls
-    kept = [None if config is None else _plain_tma_launch(grid, config | meta)]
+    bound = None if config is None else _bound_tma_launch(grid, config | meta)
 
     def launch(a, b, c, bias=None):
+        nonlocal bound
         descs = {
             "a_desc": _descriptor(a.t() if a_m_major else a),
             "b_desc": _descriptor(b.t() if b_k_major else b),
             "c_desc": _descriptor(c),
         }
         args = (*descs.values(), c if bias is None else bias, M, N, K, *strides)
-        if kept[0] is None:  # the autotuner's pre_hook sets the tiles of each config it runs
-            tma_autotuned_launcher[grid](*args, **meta)
-            tuned = tma_autotuned_launcher.config
-            kept[0] = _plain_tma_launch(grid, tuned | meta, tuned)
+        if bound is None:  # the autotuner's pre_hook sets the tiles of each config it runs
+            tuned = tma_autotuned_launcher.tune(grid, args, meta)
+            bound = _bound_tma_launch(grid, tuned | meta, tuned)
             return
-        chosen, plain = kept[0]
+        chosen, plain = bound
         _set_block_shapes(descs | chosen)
         plain(*args)
 
     return launch
 
 
-def _plain_tma_launch(grid, chosen: dict, tuned: dict | None = None) -> tuple[dict, KeptLaunch]:
-    return chosen, KeptLaunch(tma_launcher, grid(chosen), chosen, tuned)
+def _bound_tma_launch(grid, chosen: dict, tuned: dict | None = None) -> tuple[dict, BoundLaunch]:
+    return chosen, BoundLaunch(tma_launcher, grid(chosen), chosen, tuned)
 
 
 def _launch_in_graph(
@@ -544,7 +469,7 @@ def _launch_in_graph(
     """tma_matmul_kernel recorded into torch.compile's graph, building its descriptors on
     the GPU, with `config` or the one its autotuner chooses for these operands."""
     (M, K), N = a.shape, c.shape[1]
-    a_rows, b_rows = _by_rows(a), _by_rows(b)
+    a_rows, b_rows = by_rows(a), by_rows(b)
     bias = c if bias is None else bias
     if config is None:
         descs = (_descriptor(a_rows), _descriptor(b_rows), _descriptor(c))
@@ -557,19 +482,10 @@ def _launch_in_graph(
     )
 
 
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
-    """TensorDescriptor.from_tensor(t, ...) for a `t` known to follow the TMA unit's rules
-    (callers check them first), without the descriptor checking them all again on every
-    call. The tile shape is the config's, set by _set_block_shapes."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides = t, t.shape, t.stride()
-    desc.block_shape, desc.padding = [16, 16], "zero"
-    return desc
-
-
-@functools.cache
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _descriptor(t: torch.Tensor):
+    """A descriptor over the 2-D `t`, whose rules the callers have checked; its tile
+    shape is the config's, set by _set_block_shapes."""
+    return descriptor(t, t.shape, t.stride(), [16, 16])
 
 
 def _copy_axis(t: torch.Tensor, contiguous_axis: int | None = None) -> int | None:
@@ -585,7 +501,7 @@ def _copy_axis(t: torch.Tensor, contiguous_axis: int | None = None) -> int | Non
     the kernel's offsets are 32-bit.
     """
     if contiguous_axis is None:
-        contiguous_axis = 0 if _column_major(t) else 1
+        contiguous_axis = 0 if column_major(t) else 1
     stride = t.stride()
     if span(t.shape, stride) < 2**31 and (
         runtime.INTERPRETED  # nothing to gain there, and the copies cost time
@@ -612,12 +528,12 @@ def padded_copy_fits(t: torch.Tensor, contiguous_axis: int) -> bool:
 @dataclass
 class PaddedCopy:
     """padded_copy worked out for one layout of `t` (shape, strides, dtype and alignment),
-    to be kept by a Route and called on operands laid out alike."""
+    for a Route, called on operands laid out alike."""
 
     shape: tuple[int, int]  # the copy's, its contiguous axis last, rows padded
     cols: int
     transposed: bool  # the contiguous axis is axis 0 of t
-    launch: KeptLaunch | None  # None: nothing to copy
+    launch: BoundLaunch | None  # None: nothing to copy
     sizes: tuple
 
     @staticmethod
@@ -633,15 +549,21 @@ class PaddedCopy:
             )
         tiles_r, tiles_c = cdiv(rows, COPY_BLOCK), cdiv(cols, COPY_BLOCK)
         grid = (tiles_r * tiles_c,)
-        launch = KeptLaunch(copy_launcher, grid, {"BLOCK": COPY_BLOCK}) if rows * cols else None
+        launch = BoundLaunch(copy_launcher, grid, {"BLOCK": COPY_BLOCK}) if rows * cols else None
         sizes = (rows, cols, *src.stride(), padded_cols, 1, tiles_c)
         return PaddedCopy((rows, padded_cols), cols, contiguous_axis == 0, launch, sizes)
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+    def empty_like(self, t: torch.Tensor) -> torch.Tensor:
+        """A new tensor laid out as the copy of `t` is, unfilled."""
         copy = t.new_empty(self.shape)[:, : self.cols]
-        if self.launch is not None:
-            self.launch(t.t() if self.transposed else t, copy, *self.sizes)
         return copy.t() if self.transposed else copy
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        copy = self.empty_like(t)
+        if self.launch is not None:
+            self.launch(t.t() if self.transposed else t, copy.t() if self.transposed else copy,
+                        *self.sizes)  # fmt: skip
+        return copy
 
 
 @triton.jit

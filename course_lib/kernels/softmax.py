@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.kernels._launch import LeanLauncher, cdiv, check_same, next_power_of_2
+from course_lib.kernels._args import cdiv, check_same, next_power_of_2
+from course_lib.kernels._launch import LeanLauncher
 
 MAX_FUSED_BLOCK = 16384  # widest row kept in registers in one program (64 KiB of fp32)
 CHUNK = 8192  # columns per program for wider rows

@@ -6,7 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib.kernels._launch import LeanLauncher, cdiv, check_same
+from course_lib.kernels._args import cdiv, check_same
+from course_lib.kernels._launch import LeanLauncher
 
 BLOCK_SIZE = 1024
 NUM_WARPS = 4
