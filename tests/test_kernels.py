@@ -536,7 +536,7 @@ def test_softmax_wide_rows_on_gpu():
 
 # --- lesson 06 ----------------------------------------------------------------------------
 
-from course_lib.kernels import conv2d  # noqa: E402
+from course_lib.kernels import conv2d, conv2d_fast_paths  # noqa: E402
 
 CONV_SHAPES = [
     # B, C, H, W, O, kh, kw, stride, padding, dilation
@@ -663,7 +663,7 @@ def test_conv2d_on_network_shapes_on_gpu(B, C, H, O, k, stride, padding, dtype, 
 def test_conv2d_reads_a_large_weight_from_a_copy_in_the_order_of_k(monkeypatch):
     # past MAX_STRIDED_WEIGHT a weight whose rows are not in K's order is copied first;
     # a limit of 0 sends every weight of this test through that path
-    monkeypatch.setattr(conv2d, "MAX_STRIDED_WEIGHT", 0)
+    monkeypatch.setattr(conv2d_fast_paths, "MAX_STRIDED_WEIGHT", 0)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())  # routes chosen with the old limit go
     x = torch.randn(2, 20, 7, 6, device=DEVICE)
     for x_format, w_format in [(torch.contiguous_format, torch.channels_last),
@@ -678,15 +678,17 @@ def test_conv2d_copies_a_strided_weight_of_any_size_in_large_products(monkeypatc
     # from COPY_WEIGHT_PRODUCT multiply-adds on, even a small weight whose rows are not in
     # K's order is copied first; below it, and for a weight in K's order, none is
     copies = []
-    copied = conv2d._copied
-    monkeypatch.setattr(conv2d, "_copied", lambda t, *f: copies.append(t.shape) or copied(t, *f))
+    copied = conv2d_fast_paths._copied
+    monkeypatch.setattr(
+        conv2d_fast_paths, "_copied", lambda t, *f: copies.append(t.shape) or copied(t, *f)
+    )
     x = torch.randn(2, 20, 7, 6, device=DEVICE)  # NCHW: K in (r, s, c) order
     product = 2 * 7 * 6 * 5 * 20 * 3 * 3
     nchw = torch.randn(5, 20, 3, 3, device=DEVICE)
     in_k_order = nchw.contiguous(memory_format=torch.channels_last)
     for limit, weight, copied_w in [(product + 1, nchw, False), (product, nchw, True),
                                     (product, in_k_order, False)]:  # fmt: skip
-        monkeypatch.setattr(conv2d, "COPY_WEIGHT_PRODUCT", limit)
+        monkeypatch.setattr(conv2d_fast_paths, "COPY_WEIGHT_PRODUCT", limit)
         monkeypatch.setattr(conv2d, "_plans", PlanCache())
         copies.clear()
         with torch.backends.cudnn.flags(allow_tf32=False):
@@ -791,7 +793,7 @@ def test_channels_last_copies_any_layout(shape, view, kernel_launches):
 def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypatch):
     if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # none of these is timed
+    monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", None)  # none of these is timed
     f16 = dict(device=DEVICE, dtype=torch.float16)
     cl = torch.channels_last
     nchw = (torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16))
@@ -819,8 +821,8 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
         channels_last = x.is_contiguous(memory_format=cl) and not x.is_contiguous()
         assert got.is_contiguous(memory_format=cl if channels_last else torch.contiguous_format)
     # past NCHW_TMA_PRODUCT, x and the weight are copied channels-last first, untimed
-    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)
-    monkeypatch.setattr(conv2d, "NCHW_TMA_PRODUCT", 0)
+    monkeypatch.setattr(conv2d_fast_paths, "NCHW_TIMED_PRODUCT", 0)
+    monkeypatch.setattr(conv2d_fast_paths, "NCHW_TMA_PRODUCT", 0)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())  # the routes chosen before the change go
     bias = torch.randn(136, **f16)
     with recording_launches() as launches:
@@ -835,11 +837,11 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
 def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monkeypatch):
     if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
-    timer = conv2d._fastest_in_a_loop
+    timer = conv2d_fast_paths._fastest_in_a_loop
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
     bias = torch.randn(136, **f16)
-    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)  # this small layer is timed too
+    monkeypatch.setattr(conv2d_fast_paths, "NCHW_TIMED_PRODUCT", 0)  # this small layer is timed too
     routes = [
         [conv2d.conv2d_kernel],  # in place
         [conv2d_tma.channels_last_pair_kernel, conv2d_tma.tma_conv2d_kernel],  # copied
@@ -851,7 +853,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             offered.append(calls)
             return chosen
 
-        monkeypatch.setattr(conv2d, "_fastest_in_a_loop", pick)
+        monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", pick)
         monkeypatch.setattr(conv2d, "_plans", PlanCache())
         for _ in range(3):  # chosen on the first call only, then kept
             with recording_launches() as launches:
@@ -861,7 +863,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
         assert len(offered) == 1 and len(offered[0]) == 2
     # with the timer itself: one of the two, the same on every call
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", timer)
+    monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", timer)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     kept = []
     for _ in range(3):
@@ -882,7 +884,7 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)  # called, it would raise
+    monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", None)  # called, it would raise
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     in_place = [conv2d.conv2d_kernel]
 
@@ -893,18 +895,18 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
         return [launch.kernel for launch in launches]
 
     assert launched() == in_place  # below NCHW_TIMED_PRODUCT, untimed; and its tiles tuned
-    monkeypatch.setattr(conv2d, "NCHW_TIMED_PRODUCT", 0)  # from here on, a timed size
+    monkeypatch.setattr(conv2d_fast_paths, "NCHW_TIMED_PRODUCT", 0)  # from here on, a timed size
     # while a CUDA graph is captured: in place, and chosen again on the next call
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     capturing = [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     assert launched() == in_place and conv2d._plans == {}
     capturing[0] = False
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", lambda calls: 1)  # copied
+    monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", lambda calls: 1)  # copied
     assert launched() == [conv2d_tma.channels_last_pair_kernel, conv2d_tma.tma_conv2d_kernel]
     assert len(conv2d._plans) == 1
     # under deterministic algorithms: in place, untimed, and kept
-    monkeypatch.setattr(conv2d, "_fastest_in_a_loop", None)
+    monkeypatch.setattr(conv2d_fast_paths, "_fastest_in_a_loop", None)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -927,10 +929,10 @@ def test_the_route_timer_keeps_the_call_that_is_faster_in_a_loop():
         conv2d_tma.channels_last(image)
 
     with recording_launches() as launches:
-        assert conv2d._fastest_in_a_loop([gpu_bound, quick]) == 1
-        assert conv2d._fastest_in_a_loop([quick, gpu_bound]) == 0
+        assert conv2d_fast_paths._fastest_in_a_loop([gpu_bound, quick]) == 1
+        assert conv2d_fast_paths._fastest_in_a_loop([quick, gpu_bound]) == 0
         # a timer of the GPU's time alone would keep host_bound
-        assert conv2d._fastest_in_a_loop([host_bound, gpu_bound]) == 1
+        assert conv2d_fast_paths._fastest_in_a_loop([host_bound, gpu_bound]) == 1
     assert launches == []  # a benchmark recording a first call's launches sees none of these
 
 
@@ -977,5 +979,5 @@ def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
 def test_conv2d_measures_a_view_by_how_far_its_strides_reach():
     # 17 channels 2^27 elements apart: few elements, offsets past 32 bits, so x is copied
     view = torch.empty_strided((1, 17, 2, 2), (0, 2**27, 2, 1), device="meta")
-    assert conv2d._reach(view) == 16 * 2**27 + 3 >= 2**31
-    assert conv2d._reach(torch.empty(2, 3, 4, 5, device="meta")) == 59
+    assert conv2d_fast_paths._reach(view) == 16 * 2**27 + 3 >= 2**31
+    assert conv2d_fast_paths._reach(torch.empty(2, 3, 4, 5, device="meta")) == 59

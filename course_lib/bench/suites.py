@@ -163,8 +163,8 @@ RESNET_LAYERS = [
     (32, 256, 14, 256, 3, 1, 1),
 ]
 STEM = (8, 3, 224, 64, 7, 2, 3)
-# the 28x28 layer at batch 256: past conv2d.NCHW_TMA_PRODUCT, where an NCHW input goes
-# through a channels-last copy to the Hopper kernel
+# the 28x28 layer at batch 256: past conv2d_fast_paths.NCHW_TMA_PRODUCT, where an NCHW
+# input goes through a channels-last copy to the Hopper kernel
 LARGE_BATCH = (256, 128, 28, 128, 3, 1, 1)
 CONV_SHAPES = [*RESNET_LAYERS, STEM, LARGE_BATCH]
 CONV_TARGETS = {

@@ -345,7 +345,7 @@ class ConvPlan:
 _plans = PlanCache()
 
 
-def _box_rules_kept(t: torch.Tensor) -> bool:
+def _box_rules_met(t: torch.Tensor) -> bool:
     """Whether the TMA unit reads the 4-D `t` with its channels (axis 1) as the innermost
     axis of a box: channels contiguous, every other stride a multiple of 16 bytes, and a
     16-byte aligned start."""
@@ -368,7 +368,7 @@ def _channels_innermost(t: torch.Tensor) -> tuple[list, list]:
 
 
 def _copy_plan(t: torch.Tensor) -> _Copy | None:
-    return None if _box_rules_kept(t) else _Copy.of(t)
+    return None if _box_rules_met(t) else _Copy.of(t)
 
 
 def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
@@ -377,7 +377,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
     strides, dtype and alignment (any of them may be on the meta device, whose tensors
     count as aligned): a plan that a caller keyed on those may keep and call."""
     copy_x, copy_w = _copy_plan(x), _copy_plan(weight)
-    out_desc = _box_rules_kept(out)
+    out_desc = _box_rules_met(out)
     # the shapes and strides of the copies, on the meta device: no memory is taken
     if copy_x is not None:
         x = torch.empty_like(x, memory_format=torch.channels_last, device="meta")
