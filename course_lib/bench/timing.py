@@ -40,10 +40,7 @@ def do_bench_ms(fn: Callable[[], object]) -> float:
     flushed before each run, and the host's launch cost inside the figure wherever it is
     the slower side. The flush, left out of the figure, hides part of the host's time,
     and near the point where the host becomes the slower side the figure jumps between
-    runs. Measured on an H100 with a 4096-element add behind a busy host: 20 µs of host
-    time per call did not show, 40 to 80 µs showed in part and differently from run to
-    run, and from 100 µs on the figure read about the host's time, within 30 µs either
-    way."""
+    runs."""
     if runtime.INTERPRETED:
         raise RuntimeError("timing needs a GPU; guard the call with course_lib.gpu_only(...)")
     import triton.testing

@@ -36,7 +36,7 @@ from course_lib.kernels.hopper import TMA_GPUS, capability, descriptor
 from course_lib.kernels.tiles import grouped_tile
 
 # BH, BW (the output patch, BLOCK_M = BH·BW pixels), BLOCK_N, BLOCK_K, stages, warps: the
-# best of a search on an H100 over the ResNet-50 3x3 layers (8x8 patches for 64 channels
+# best of a search on Hopper over the ResNet-50 3x3 layers (8x8 patches for 64 channels
 # at 56x56, 32x4 for 128 at 28x28, 16x8 and 8x8 for 256 at 14x14) and their neighbours.
 TILE_SHAPES = [
     (8, 8, 64, 64, 4, 4),
