@@ -7,7 +7,8 @@ because its signature holds everything that decided it: for each tensor its shap
 strides, dtype, device and whether it starts on a 16-byte boundary (Triton specialises
 on it), the operation's options, and the switches torch offers to change how products
 are computed (TF32 for matmuls and for convolutions, deterministic algorithms) and grad
-mode. `signature` builds it, for every finished kernel; `PlanCache` holds the plans.
+mode (the TF32 switches where the first tensor is float32, the only dtype they change).
+`signature` builds it, for every finished kernel; `PlanCache` holds the plans.
 
 The switches are read through torch._C's getters, which torch.backends' properties call
 (torch 2.11 and 2.13): a tenth of the properties' host cost.
@@ -56,11 +57,6 @@ def layout(t: torch.Tensor | None) -> tuple | None:
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
 
 
-def switches() -> tuple[bool, bool, bool, bool]:
-    """TF32 for matmuls, TF32 for convolutions, deterministic algorithms, grad mode."""
-    return _cublas_tf32(), _cudnn_tf32(), _deterministic(), _grad_enabled()
-
-
 def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
     """The signature of a call with these tensors (or None in their place) and options:
     everything its checks and its route depend on. None where no plan is to be kept: a
@@ -83,7 +79,9 @@ def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
         ):
             return None
     key += options
-    key += _cublas_tf32(), _cudnn_tf32(), _deterministic(), _grad_enabled()
+    if key[0] is not None and key[0][2] is torch.float32:  # TF32 changes float32 only
+        key += _cublas_tf32(), _cudnn_tf32()
+    key += _deterministic(), _grad_enabled()
     return tuple(key)
 
 
