@@ -49,14 +49,6 @@ class PlanCache(dict):
         return plan
 
 
-def layout(t: torch.Tensor | None) -> tuple | None:
-    """What a signature holds of one tensor (None for None): its shape, strides, dtype and
-    device, and how far it starts from a 16-byte boundary, which Triton specialises on."""
-    if t is None:
-        return None
-    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
-
-
 def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
     """The signature of a call with these tensors (or None in their place) and options:
     everything its checks and its route depend on. None where no plan is to be kept: a
@@ -66,7 +58,7 @@ def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
     if tracing:
         return None
     key = []
-    for t in tensors:  # layout(t), inline: this runs on every call
+    for t in tensors:  # each tensor's layout, the alignment as its start's offset from 16 bytes
         if t is None:
             key.append(None)
         elif isinstance(t, torch.Tensor):
