@@ -271,6 +271,8 @@ def norm_grads(
     its input's dtype (None where that input is None). The backward reads x, the output's
     gradient and the saved statistics, and writes grad_x: 3·M·N elements, plus the sums
     over rows for the parameters."""
+    if rms and eps is None:
+        eps = norm_eps(x.dtype)  # x's own dtype, before it goes to float64
     leaves = [None if t is None else t.detach().double().requires_grad_() for t in (x, weight)]
     b = None if bias is None else bias.detach().double().requires_grad_()
     if rms:
