@@ -390,7 +390,7 @@ class NormFunction(torch.autograd.Function):
         x2d = _rows(x, math.prod(shape))
         y, mean, rstd = norm_forward(x2d, weight, bias, eps, rms)
         ctx.save_for_backward(x2d, weight, mean, rstd)
-        ctx.rms, ctx.x_shape = rms, x.shape
+        ctx.rms, ctx.x_shape, ctx.shape = rms, x.shape, shape
         ctx.bias_dtype = bias.dtype if bias is not None else None
         return y.view(x.shape)
 
@@ -404,7 +404,13 @@ class NormFunction(torch.autograd.Function):
             dy.reshape(x2d.shape), x2d, weight, mean, rstd, needs, ctx.rms, ctx.bias_dtype
         )  # fmt: skip
         dx = dx.view(ctx.x_shape) if dx is not None else None
+        dw = dw.view(ctx.shape) if dw is not None else None
+        db = db.view(ctx.shape) if db is not None else None
         return dx, None, dw, db, None, None
+
+
+def _tracked(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def layer_norm(
@@ -415,6 +421,8 @@ def layer_norm(
     dimensions to mean 0 and variance 1 (biased, eps inside the square root), times weight
     plus bias (each of shape normalized_shape, or None); differentiable."""
     shape = _check("layer_norm", x, normalized_shape, {"weight": weight, "bias": bias})
+    if not _tracked(x, weight, bias):  # no backward can come: skip autograd's bookkeeping
+        return norm_forward(_rows(x, math.prod(shape)), weight, bias, eps)[0].view(x.shape)
     return NormFunction.apply(x, shape, weight, bias, float(eps), False)
 
 
@@ -428,6 +436,8 @@ def rms_norm(
     shape = _check("rms_norm", x, normalized_shape, {"weight": weight})
     if eps is None:
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    if not _tracked(x, weight):
+        return norm_forward(_rows(x, math.prod(shape)), weight, None, eps, True)[0].view(x.shape)
     return NormFunction.apply(x, shape, weight, None, float(eps), True)
 
 
