@@ -319,7 +319,7 @@ NORM_FAMILIES = {
     "unbiased": ["(the unbiased variance)"],
     "eps": ["eps belongs inside the square root"],
     "axis": ["you normalised each column"],
-    "half": ["your statistics are computed in float16"],
+    "half": ["your statistics are computed in 16 bits"],
     "one pass": ["only the rows with a large mean fail"],
     "rstd": ["you saved sqrt(var + eps)", "the rstd used here leaves eps out"],
     "dx mean": ["dx is missing the mean of w·dy"],
@@ -343,7 +343,7 @@ NORM_MISTAKES = [
     (broken.layer_norm_forward_by_column, f"37x781 (row not a power of two), float32, {BLOCK}: y",
      "you normalised each column", {"axis"}),
     (broken.layer_norm_forward_stats_in_half, "squares past float16's 65504), float16, "
-     f"{BLOCK}: y", "your statistics are computed in float16", {"half"}),
+     f"{BLOCK}: y", "your statistics are computed in 16 bits", {"half"}),
     (broken.layer_norm_forward_one_pass, f"(values 300 ± 1: a large mean), float32, {BLOCK}: y",
      "only the rows with a large mean fail", {"one pass"}),
     (broken.layer_norm_forward_saves_std, f"(row not a power of two), float32, {BLOCK}: rstd",

@@ -49,8 +49,8 @@ WRONG_AXIS_HINT = (
     "variance of each row, over its n_cols columns (axis=1 of a [ROWS, BLOCK] tile)"
 )
 HALF_HINT = (
-    "the float32 cases pass and this float16 one does not: your statistics are computed in "
-    "float16, whose 11-bit sums drop the small terms of a long row, and whose squares past "
+    "the float32 cases pass and this 16-bit one does not: your statistics are computed in "
+    "16 bits, whose sums drop the small terms of a long row, and whose float16 squares past "
     "65504 overflow to inf. Convert after loading, x = x.to(tl.float32), and keep the sums, "
     "the mean, the variance and rstd in float32"
 )
@@ -322,6 +322,24 @@ def _inputs(generator, x_shape, dtype, *, scale=1.0, shift=0.0, bias=True, strid
     return inputs
 
 
+def _cancellation(inputs, eps: float, rms: bool, part: str) -> float:
+    """How much a right float32 kernel's absolute error in `part` ("y" or "x") grows past the
+    tolerance table's, at least 1: y subtracts the mean from x, and dx subtracts means of w·dy
+    from w·dy, before multiplying by rstd. A rounding of those terms, harmless in itself,
+    comes out times rstd: with one column, say, dx is exactly 0, and a GPU's fused
+    multiply-adds leave some 1e-8 · rstd of it (rstd is 316 there)."""
+    x, w = inputs[0], inputs[1]
+    x2, w64 = _flat(x, w)
+    _, rstd = _stats(x2, eps, rms=rms)
+    if part == "y":
+        terms = x2.abs().amax(dim=1, keepdim=True) * w64.abs().max()
+    elif part == "x":
+        terms = (inputs[-1].double().reshape(x2.shape) * w64).abs().amax(dim=1, keepdim=True)
+    else:
+        return 1.0
+    return max(1.0, float((rstd * terms).max()))
+
+
 def _describe(x_shape, dtype, why) -> str:
     return f"{'x'.join(map(str, x_shape))} ({why}), {str(dtype).removeprefix('torch.')}"
 
@@ -344,9 +362,10 @@ def _forward_cases(seed: int) -> list[Case]:
     generator = case_generator(seed)
     cases, eps = [], 1e-5
     rows = [(*s, torch.float32) for s in _shapes(generator)]
-    rows += [((37, 781), "row not a power of two", {}, "", torch.float16),
-             ((16, 1024), "rows of four blocks", {}, "", torch.float16),
-             ((4, 781), "values up to ±1000: squares past float16's 65504",
+    for dtype in runtime.DTYPES[1:]:  # float16, and bfloat16 on a GPU
+        rows += [((37, 781), "row not a power of two", {}, "", dtype),
+                 ((16, 1024), "rows of four blocks", {}, "", dtype)]  # fmt: skip
+    rows += [((4, 781), "values up to ±1000: squares past float16's 65504",
               {"scale": 400.0}, "half", torch.float16)]  # fmt: skip
     for x_shape, why, options, kind, dtype in rows:
         inputs = _inputs(generator, x_shape, dtype, **options)
@@ -356,7 +375,7 @@ def _forward_cases(seed: int) -> list[Case]:
                 kind, torch.float32 if part != "y" else None,
                 # float32 holds 300 ± 1 to about 2e-5: a right kernel's y is off by some 1e-4
                 # there, a variance from sum(x²) - n·mean² by 1e-2 and more
-                atol_scale=1000.0 if kind == "shift" else 1.0,
+                atol_scale=1000.0 if kind == "shift" else _cancellation(inputs, eps, False, part),
                 kwargs={"eps": eps, "BLOCK_SIZE": LOOP_BLOCK, "part": part},
                 reference=lambda x, w, b, part=part: _forward64(x, w, b, eps, part=part).to(
                     x.dtype if part == "y" else torch.float32),
@@ -377,7 +396,8 @@ def _autograd_cases(seed: int, rms: bool) -> list[Case]:
     shapes.insert(3, ((2, 5, 300), "leading dimensions [2, 5]", {}, "leading"))
     shapes.append(((300, 64), "many rows: every program takes several", {}, "many"))
     rows = [(*s, torch.float32, 1e-5) for s in shapes]
-    rows += [((37, 781), "row not a power of two", {}, "", torch.float16, 1e-5)]
+    rows += [((37, 781), "row not a power of two", {}, "", dtype, 1e-5)
+             for dtype in runtime.DTYPES[1:]]  # fmt: skip
     if rms:
         rows += [((8, 500), "values near 3e-4 and eps=None", {"scale": 3e-4}, "eps", dtype, None)
                  for dtype in (torch.float32, torch.float16)]  # fmt: skip
@@ -395,11 +415,14 @@ def _autograd_cases(seed: int, rms: bool) -> list[Case]:
                     mistakes = [*mistakes, *_rms_eps_mistakes(dtype)]
             else:
                 mistakes = _backward_mistakes(used, part, rms)
-            # each gradient of x is a sum over a row; of the parameters, over every row
-            terms = x_shape[-1] if part in ("y", "x") else math.prod(x_shape[:-1])
+            # y and dx: a rounding of the terms they subtract, times rstd; the parameters'
+            # gradients: sums over every row
+            rows = math.prod(x_shape[:-1])
+            scale = math.sqrt(rows) if part in ("weight", "bias") else 1.0
             cases.append(Case(
                 f"{_describe(x_shape, dtype, why)}: {PARTS[part]}", inputs, kind,
-                atol_scale=math.sqrt(terms), kwargs={"eps": eps, "part": part},
+                atol_scale=scale * _cancellation(inputs, used, rms, part),
+                kwargs={"eps": eps, "part": part},
                 reference=_part_reference(part, used, rms), mistakes=mistakes,
                 input_names=names,
             ))  # fmt: skip
@@ -534,7 +557,7 @@ def _refine(rms: bool, outputs: list) -> Callable[[Sequence[Case], list[CaseResu
                 result.hint = SOME_ROWS_HINT.format(what=what)
             elif result.hint not in vague:
                 continue
-            elif case.inputs[0].dtype == torch.float16 and all(float32):
+            elif case.inputs[0].dtype in (torch.float16, torch.bfloat16) and all(float32):
                 result.hint = HALF_HINT
             elif case.kind == "shift" and all(plain):
                 result.hint = ONE_PASS_HINT

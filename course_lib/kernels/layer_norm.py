@@ -125,13 +125,14 @@ def norm_fwd_looped_kernel(
 
 @triton.jit
 def norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
     n_rows, n_cols, stride_dy, stride_x, stride_dx, rows_per_program,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     RMS: tl.constexpr, DX: tl.constexpr, DW: tl.constexpr, DB: tl.constexpr,
     ACC_DTYPE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
+    dw_partial_ptr, db_partial_ptr = _partials(partial_ptr, n_cols)
     cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
     col_mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(ACC_DTYPE) if HAS_WEIGHT else 1.0
@@ -175,7 +176,7 @@ def norm_bwd_kernel(
 
 @triton.jit
 def norm_bwd_looped_kernel(
-    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr,
     n_rows, n_cols, stride_dy, stride_x, stride_dx, rows_per_program,
     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, RMS: tl.constexpr, DX: tl.constexpr,
     DW: tl.constexpr, DB: tl.constexpr, ACC_DTYPE: tl.constexpr,
@@ -184,6 +185,7 @@ def norm_bwd_looped_kernel(
     a loop that writes dx and adds to this program's row of partial sums (zeroed by the
     host), which no other program touches."""
     pid = tl.program_id(axis=0)
+    dw_partial_ptr, db_partial_ptr = _partials(partial_ptr, n_cols)
     first = pid.to(tl.int64) * rows_per_program  # int64 rows: row * stride stays exact
     for row in range(first, tl.minimum(first + rows_per_program, n_rows)):
         rstd = tl.load(rstd_ptr + row)
@@ -226,11 +228,23 @@ def norm_bwd_looped_kernel(
 
 
 @triton.jit
+def _partials(partial_ptr, n_cols):
+    """Where dw's and db's partial sums start in partial [2, programs, n_cols]: one tensor,
+    so that the host makes no views of it (each view costs a microsecond)."""
+    return partial_ptr, partial_ptr + tl.num_programs(axis=0).to(tl.int64) * n_cols
+
+
+@triton.jit
 def sum_rows_kernel(
-    partial_ptr, out_ptr, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """out[n] = sum over p of partial[p, n], for partial [n_partials, n_cols], in a fixed
-    order: each program sums its BLOCK_N columns down all the rows."""
+    partial_ptr, out_ptr, n_partials, n_cols, first,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """out[k, n] = sum over p of partial[k, p, n], for partial [2, n_partials, n_cols] and
+    k = first + program_id(1), in a fixed order: each program sums its BLOCK_N columns down
+    all the rows of one of the two."""
+    part = (first + tl.program_id(axis=1)).to(tl.int64)
+    partial_ptr += part * n_partials * n_cols
+    out_ptr += part * n_cols
     cols = tl.program_id(axis=0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     acc = tl.zeros([BLOCK_P, BLOCK_N], partial_ptr.dtype.element_ty)
     for start in range(0, n_partials, BLOCK_P):
@@ -352,15 +366,16 @@ def norm_backward(
     # rows per program, a multiple of the program's ROWS so that its steps stay aligned
     rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), rows) * rows
     programs = triton.cdiv(n_rows, rows_per_program)
-    stats_dtype = rstd.dtype
     make = torch.empty if fused else torch.zeros  # the looped kernel adds into its row
-    dw_partial = make((programs, n_cols), dtype=stats_dtype, device=x2d.device) if need_dw else rstd
-    db_partial = make((programs, n_cols), dtype=stats_dtype, device=x2d.device) if need_db else rstd
+    # dw's and db's partial sums, [2, programs, N], one row per program
+    partial = rstd
+    if need_dw or need_db:
+        partial = make((2, programs, n_cols), dtype=rstd.dtype, device=x2d.device)
     w = weight.reshape(-1) if weight is not None else x2d
     args = (
-        dy2d, x2d, w, mean if not rms else rstd, rstd, dx if need_dx else x2d,
-        dw_partial, db_partial, n_rows, n_cols, dy2d.stride(0), x2d.stride(0),
-        dx.stride(0) if need_dx else 0, rows_per_program,
+        dy2d, x2d, w, mean if not rms else rstd, rstd, dx if need_dx else x2d, partial,
+        n_rows, n_cols, dy2d.stride(0), x2d.stride(0), dx.stride(0) if need_dx else 0,
+        rows_per_program,
     )  # fmt: skip
     flags = dict(HAS_WEIGHT=weight is not None, RMS=rms, DX=need_dx, DW=need_dw, DB=need_db,
                  ACC_DTYPE=_acc_dtype(x2d.dtype), num_warps=num_warps)  # fmt: skip
@@ -368,17 +383,17 @@ def norm_backward(
         norm_bwd_kernel[(programs,)](*args, BLOCK_N=block_n, ROWS=rows, **flags)
     else:
         norm_bwd_looped_kernel[(programs,)](*args, BLOCK_N=LOOP_BLOCK, **flags)
-    grads = []
-    for need, partial, dtype in zip((need_dw, need_db), (dw_partial, db_partial), dtypes):
-        if not need:
-            grads.append(None)
-            continue
-        out = torch.empty(n_cols, dtype=dtype, device=x2d.device)
-        sum_rows_kernel[(triton.cdiv(n_cols, PARTIAL_BLOCK_N),)](
-            partial, out, programs, n_cols, BLOCK_P=PARTIAL_BLOCK_P, BLOCK_N=PARTIAL_BLOCK_N,
-        )  # fmt: skip
-        grads.append(out)
-    return dx, grads[0], grads[1]
+    if not (need_dw or need_db):
+        return dx, None, None
+    # both sums in one launch: dw's in out[0], db's in out[1]
+    out = torch.empty((2, n_cols), dtype=dtypes[0], device=x2d.device)
+    grid = (triton.cdiv(n_cols, PARTIAL_BLOCK_N), need_dw + need_db)
+    sum_rows_kernel[grid](
+        partial, out, programs, n_cols, 0 if need_dw else 1,
+        BLOCK_P=PARTIAL_BLOCK_P, BLOCK_N=PARTIAL_BLOCK_N,
+    )  # fmt: skip
+    db = out[1] if dtypes[1] == dtypes[0] else out[1].to(dtypes[1])
+    return dx, out[0] if need_dw else None, db if need_db else None
 
 
 class NormFunction(torch.autograd.Function):
