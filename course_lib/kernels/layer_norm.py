@@ -51,7 +51,8 @@ def _config(block_n: int) -> tuple[int, int]:
 def norm_fwd_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr, RMS: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RMS: tl.constexpr, SAVE_STATS: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(axis=0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
     cols = tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -66,12 +67,14 @@ def norm_fwd_kernel(
         mean = tl.sum(x, axis=1) / n_cols  # padded lanes hold 0 and add nothing
         # padded lanes would hold -mean: zero them so they add nothing to the variance
         centred = tl.where(mask, x - mean[:, None], 0.0)
-        tl.store(mean_ptr + rows, mean, mask=row_mask)
+        if SAVE_STATS:
+            tl.store(mean_ptr + rows, mean, mask=row_mask)
     # the biased variance (divided by n, as torch's layer_norm), from the centred values:
     # a second pass over registers, not over memory
     var = tl.sum(centred * centred, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)  # eps inside the square root
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    if SAVE_STATS:  # for the backward; a forward without one saves nothing
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = centred * rstd[:, None]
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=cols < n_cols).to(ACC_DTYPE)[None, :]
@@ -85,7 +88,7 @@ def norm_fwd_kernel(
 def norm_fwd_looped_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, stride_x, stride_y, eps,
     BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    RMS: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    RMS: tl.constexpr, SAVE_STATS: tl.constexpr, ACC_DTYPE: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(axis=0).to(tl.int64)
     x_row, y_row = x_ptr + row * stride_x, y_ptr + row * stride_y
@@ -108,9 +111,10 @@ def norm_fwd_looped_kernel(
             mean += delta * (count / total)
             m2 += tl.sum(deviation * deviation, axis=0) + delta * delta * (start * count / total)
     rstd = 1.0 / tl.sqrt(m2 / n_cols + eps)
-    tl.store(rstd_ptr + row, rstd)
-    if not RMS:
-        tl.store(mean_ptr + row, mean)
+    if SAVE_STATS:
+        tl.store(rstd_ptr + row, rstd)
+        if not RMS:
+            tl.store(mean_ptr + row, mean)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
@@ -313,21 +317,31 @@ def _rows(x: torch.Tensor, n_cols: int) -> torch.Tensor:
 
 def norm_forward(
     x2d: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-    rms: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    rms: bool = False, save_stats: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
     """y [M, N] (x's dtype), mean [M] and rstd [M] (float32, float64 for float64 x) of the
-    rows of x2d [M, N], whose columns are adjacent; for RMSNorm (`rms`) mean is empty."""
+    rows of x2d [M, N], whose columns are adjacent; for RMSNorm (`rms`) mean is empty.
+    Without `save_stats` (no backward to come), mean and rstd are None."""
     n_rows, n_cols = x2d.shape
     y = torch.empty((n_rows, n_cols), dtype=x2d.dtype, device=x2d.device)
-    stats_dtype = torch.float64 if x2d.dtype == torch.float64 else torch.float32
-    mean = torch.empty(0 if rms else n_rows, dtype=stats_dtype, device=x2d.device)
-    rstd = torch.empty(n_rows, dtype=stats_dtype, device=x2d.device)
+    mean = rstd = None
+    if save_stats:
+        stats_dtype = torch.float64 if x2d.dtype == torch.float64 else torch.float32
+        mean = torch.empty(0 if rms else n_rows, dtype=stats_dtype, device=x2d.device)
+        rstd = torch.empty(n_rows, dtype=stats_dtype, device=x2d.device)
     if n_rows == 0 or n_cols == 0:
-        return y, mean.fill_(math.nan), rstd.fill_(math.nan)
+        return (
+            y,
+            mean if mean is None else mean.fill_(math.nan),
+            rstd if rstd is None else rstd.fill_(math.nan),
+        )
     w = weight.reshape(-1) if weight is not None else x2d  # x2d: a pointer never read
     b = bias.reshape(-1) if bias is not None else x2d
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, RMS=rms,
-                 ACC_DTYPE=_acc_dtype(x2d.dtype))  # fmt: skip
+                 SAVE_STATS=save_stats, ACC_DTYPE=_acc_dtype(x2d.dtype))  # fmt: skip
+    if not save_stats:
+        mean = rstd = y  # pointers never written
+
     block_n = triton.next_power_of_2(n_cols)
     if block_n <= MAX_FUSED_BLOCK:
         rows, num_warps = _config(block_n)
@@ -340,7 +354,7 @@ def norm_forward(
             x2d, y, w, b, mean if not rms else rstd, rstd, n_cols, x2d.stride(0), y.stride(0),
             eps, BLOCK_N=LOOP_BLOCK, num_warps=16, **flags,
         )  # fmt: skip
-    return y, mean, rstd
+    return (y, mean, rstd) if save_stats else (y, None, None)
 
 
 def norm_backward(
@@ -428,6 +442,14 @@ def _tracked(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _untracked(x, shape, weight, bias, eps, rms) -> torch.Tensor:
+    """The forward alone, for a call no backward can follow: y only, with no views where x
+    is already [M, N] with adjacent columns (each costs the host a microsecond)."""
+    if x.dim() == 2 and len(shape) == 1 and x.stride(1) == 1:
+        return norm_forward(x, weight, bias, eps, rms, save_stats=False)[0]
+    return norm_forward(_rows(x, math.prod(shape)), weight, bias, eps, rms, False)[0].view(x.shape)
+
+
 def layer_norm(
     x: torch.Tensor, normalized_shape: int | Sequence[int], weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None, eps: float = 1e-5,
@@ -436,8 +458,8 @@ def layer_norm(
     dimensions to mean 0 and variance 1 (biased, eps inside the square root), times weight
     plus bias (each of shape normalized_shape, or None); differentiable."""
     shape = _check("layer_norm", x, normalized_shape, {"weight": weight, "bias": bias})
-    if not _tracked(x, weight, bias):  # no backward can come: skip autograd's bookkeeping
-        return norm_forward(_rows(x, math.prod(shape)), weight, bias, eps)[0].view(x.shape)
+    if not _tracked(x, weight, bias):  # no backward can come: no autograd, no statistics
+        return _untracked(x, shape, weight, bias, eps, False)
     return NormFunction.apply(x, shape, weight, bias, float(eps), False)
 
 
@@ -452,7 +474,7 @@ def rms_norm(
     if eps is None:
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
     if not _tracked(x, weight):
-        return norm_forward(_rows(x, math.prod(shape)), weight, None, eps, True)[0].view(x.shape)
+        return _untracked(x, shape, weight, None, eps, True)
     return NormFunction.apply(x, shape, weight, None, float(eps), True)
 
 
