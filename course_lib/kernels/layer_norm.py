@@ -376,6 +376,9 @@ def norm_backward(
     block_n = triton.next_power_of_2(n_cols)
     fused = block_n <= MAX_FUSED_BLOCK
     rows, num_warps = _config(block_n) if fused else (1, 16)
+    # the backward holds about six [ROWS, BLOCK_N] tiles at once, the forward two or three:
+    # at least 8 warps, so that no thread holds more than 16 values of each
+    num_warps = max(num_warps, 8)
     programs = min(_backward_programs(x2d), triton.cdiv(n_rows, rows))
     # rows per program, a multiple of the program's ROWS so that its steps stay aligned
     rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), rows) * rows
