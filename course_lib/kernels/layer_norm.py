@@ -9,9 +9,10 @@ update), a second normalises.
 
 The backward computes dx row by row (the row's two means, of w·dy and of x̂·w·dy), and the
 weight's and bias's gradients, which sum over every row: each program accumulates its own
-rows' share in registers and writes one row of a [programs, N] float32 buffer, and a
-second small kernel sums the buffer's rows. The order of every sum is fixed, so the
-gradients are the same on every run (atomics would not be; lesson 09 measures both).
+rows' share in registers and writes one row of dw's and one of db's [programs, N] float32
+buffers, and a second small kernel sums the buffers' rows. The order of every sum is fixed,
+so the gradients are the same on every run (atomics would not be; lesson 09 measures both).
+A forward that no backward can follow saves no statistics.
 
 RMSNorm is the same with no mean and no bias: y = x / sqrt(mean(x²) + eps) · w.
 `layer_norm`, `rms_norm`, `LayerNorm` and `RMSNorm` follow torch.nn.functional's and
