@@ -274,3 +274,113 @@ class Linear(linear_kernels.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.activation)
+
+
+# --- lesson 09: layer norm and RMSNorm ---------------------------------------------------
+# Declared without _operator's rule for taking an operator apart: these launchers launch
+# their kernels plainly, so the operator stays one opaque call on a GPU too.
+
+from course_lib.kernels import layer_norm as norm_kernels  # noqa: E402
+
+
+def _norm_forward_fake(x2d, weight, bias, eps, rms):
+    stats = torch.float64 if x2d.dtype == torch.float64 else torch.float32
+    rows = x2d.shape[0]
+    return (
+        x2d.new_empty(x2d.shape), x2d.new_empty(0 if rms else rows, dtype=stats),
+        x2d.new_empty(rows, dtype=stats),
+    )  # fmt: skip
+
+
+def _norm_backward_impl(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype):
+    grads = norm_kernels.norm_backward(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype)
+    return tuple(g if g is not None else dy.new_empty(0) for g in grads)
+
+
+def _norm_backward_fake(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype):
+    n_cols = x2d.shape[1]
+    dtypes = (x2d.dtype, weight.dtype if weight is not None else x2d.dtype, bias_dtype)
+    shapes = (x2d.shape, (n_cols,), (n_cols,))
+    return tuple(
+        dy.new_empty(shape if need else 0, dtype=dtype or x2d.dtype)
+        for shape, need, dtype in zip(shapes, needs, dtypes)
+    )  # fmt: skip
+
+
+for _schema, _impl, _fake in (
+    ("norm_forward(Tensor x2d, Tensor? weight, Tensor? bias, float eps, bool rms)"
+     " -> (Tensor, Tensor, Tensor)", norm_kernels.norm_forward, _norm_forward_fake),
+    ("norm_backward(Tensor dy, Tensor x2d, Tensor? weight, Tensor mean, Tensor rstd, "
+     "bool[] needs, bool rms, ScalarType? bias_dtype) -> (Tensor, Tensor, Tensor)",
+     _norm_backward_impl, _norm_backward_fake),
+):  # fmt: skip
+    _LIBRARY.define(_schema)
+    _LIBRARY.impl(_schema.split("(", 1)[0], _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"course::{_schema.split('(', 1)[0]}", _fake, lib=_LIBRARY)
+
+
+def _norm_autograd_setup(ctx, inputs, output):
+    x2d, weight, bias, _, rms = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x2d, weight, mean, rstd)
+    ctx.rms, ctx.bias_dtype = rms, bias.dtype if bias is not None else None
+    needs = ctx.needs_input_grad
+    ctx.needs = [needs[0], weight is not None and needs[1], bias is not None and needs[2]]
+    ctx.set_materialize_grads(False)  # mean and rstd are saved, never differentiated
+
+
+def _norm_autograd_backward(ctx, grad_y, grad_mean, grad_rstd):
+    x2d, weight, mean, rstd = ctx.saved_tensors
+    if grad_y is None:  # y did not reach the loss
+        return None, None, None, None, None
+    grads = torch.ops.course.norm_backward(
+        grad_y, x2d, weight, mean, rstd, ctx.needs, ctx.rms, ctx.bias_dtype
+    )  # fmt: skip
+    grad_x, grad_weight, grad_bias = (g if need else None for g, need in zip(grads, ctx.needs))
+    return grad_x, grad_weight, grad_bias, None, None
+
+
+def _refuse_norm_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "course_lib.ops.layer_norm and rms_norm are differentiable once: use "
+        "torch.nn.functional's for higher derivatives"
+    )
+
+
+torch.library.register_autograd(
+    "course::norm_forward", _norm_autograd_backward, setup_context=_norm_autograd_setup,
+    lib=_LIBRARY,
+)  # fmt: skip
+torch.library.register_autograd(
+    "course::norm_backward", _refuse_norm_double_backward, lib=_LIBRARY
+)  # fmt: skip
+
+
+def _norm(x, shape, weight, bias, eps, rms):
+    n_cols = math.prod(shape)
+    x2d = norm_kernels._rows(x, n_cols)
+    flat = lambda p: None if p is None else p.reshape(n_cols)  # noqa: E731
+    y = torch.ops.course.norm_forward(x2d, flat(weight), flat(bias), eps, rms)[0]
+    return y.view(x.shape)
+
+
+def layer_norm(
+    x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, eps: float = 1e-5,
+) -> torch.Tensor:  # fmt: skip
+    """kernels.layer_norm.layer_norm (torch.nn.functional.layer_norm's semantics, lesson
+    09's Triton forward and backward), callable inside torch.compile(fullgraph=True)."""
+    shape = norm_kernels._check("layer_norm", x, normalized_shape, {"weight": weight, "bias": bias})
+    return _norm(x, shape, weight, bias, float(eps), False)
+
+
+def rms_norm(
+    x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """kernels.layer_norm.rms_norm (torch.nn.functional.rms_norm's semantics), callable
+    inside torch.compile(fullgraph=True)."""
+    shape = norm_kernels._check("rms_norm", x, normalized_shape, {"weight": weight})
+    if eps is None:
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
+    return _norm(x, shape, weight, None, float(eps), True)

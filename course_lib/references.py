@@ -231,3 +231,67 @@ def linear_flops(rows: int, in_features: int, out_features: int) -> int:
     """The forward's floating-point operations for rows = every leading dimension of x
     multiplied together; the backward's two products cost twice as many."""
     return 2 * rows * in_features * out_features
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:  # fmt: skip
+    """torch.nn.functional.layer_norm over the last dimension of x [..., N], with weight and
+    bias [N] or None, computed in float64 and rounded once to x's dtype. Reads M·N elements
+    (and 2N of parameters) and writes M·N; the mean and rstd a backward needs add 2M."""
+    double = lambda t: None if t is None else t.double()  # noqa: E731
+    y = torch.nn.functional.layer_norm(x.double(), x.shape[-1:], double(weight), double(bias), eps)
+    return y.to(x.dtype)
+
+
+def norm_eps(dtype: torch.dtype) -> float:
+    """rms_norm's eps when none is given: the machine epsilon of the dtype its statistics
+    are computed in, as torch does (float32 for 16-bit inputs)."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = None
+) -> torch.Tensor:
+    """torch.nn.functional.rms_norm over the last dimension of x [..., N]: x / sqrt(mean(x²)
+    + eps) times weight [N] or None, in float64 and rounded once to x's dtype; eps None is
+    norm_eps(x.dtype). Reads M·N elements (and N) and writes M·N."""
+    eps = norm_eps(x.dtype) if eps is None else eps
+    w = None if weight is None else weight.double()
+    return torch.nn.functional.rms_norm(x.double(), x.shape[-1:], w, eps).to(x.dtype)
+
+
+def norm_grads(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+    grad_output: torch.Tensor, eps: float | None = 1e-5, rms: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+    """(grad_x, grad_weight, grad_bias) of layer_norm (or, with `rms`, of rms_norm, which
+    takes no bias) for the output's gradient, by autograd in float64, each rounded once to
+    its input's dtype (None where that input is None). The backward reads x, the output's
+    gradient and the saved statistics, and writes grad_x: 3·M·N elements, plus the sums
+    over rows for the parameters."""
+    if rms and eps is None:
+        eps = norm_eps(x.dtype)  # x's own dtype, before it goes to float64
+    leaves = [None if t is None else t.detach().double().requires_grad_() for t in (x, weight)]
+    b = None if bias is None else bias.detach().double().requires_grad_()
+    if rms:
+        y = rms_norm(leaves[0], leaves[1], eps)
+    else:
+        y = layer_norm(leaves[0], leaves[1], b, eps)
+    inputs = [t for t in (*leaves, b) if t is not None]
+    grads = iter(torch.autograd.grad(y, inputs, grad_output.double()))
+    return tuple(
+        None if t is None else next(grads).to(t.dtype) for t in (x, weight, bias)
+    )  # fmt: skip
+
+
+def layer_norm_bytes(m: int, n: int, dtype: torch.dtype) -> int:
+    """The least a forward moves: read x, write y (the parameters and statistics are small)."""
+    return 2 * m * n * torch.empty((), dtype=dtype).element_size()
+
+
+def layer_norm_backward_bytes(m: int, n: int, dtype: torch.dtype) -> int:
+    """The least a forward and backward move together: the forward's read of x and write of
+    y, then the backward's reads of x and the output's gradient and write of grad_x."""
+    return 5 * m * n * torch.empty((), dtype=dtype).element_size()

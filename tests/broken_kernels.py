@@ -1464,3 +1464,283 @@ linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradie
 def linear_autograd_without_function(x, weight, bias=None, activation=None):
     """The belief that a Triton kernel differentiates itself: it does not."""
     return linear_forward(x, weight, bias, activation)
+
+
+# --- lesson 09: layer norm and RMSNorm, at the lesson's block sizes -----------------------
+
+NORM_PROGRAMS = 4  # the backward's programs, as the lesson's launcher has in the interpreter
+
+
+@triton.jit
+def norm_fwd_variant_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, n_cols, stride_x, stride_y, eps,
+    BLOCK_SIZE: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr, LOOP: tl.constexpr,
+    UNBIASED: tl.constexpr, EPS_OUTSIDE: tl.constexpr, STATS_DTYPE: tl.constexpr,
+    ONE_PASS: tl.constexpr, SAVE_STD: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    x_row, y_row = x_ptr + row * stride_x, y_ptr + row * stride_y
+    end = n_cols
+    if not LOOP:  # mistake: one block per row, whatever the row's width
+        end = tl.minimum(n_cols, BLOCK_SIZE)
+    acc = tl.zeros([BLOCK_SIZE], STATS_DTYPE)  # mistake when float16: statistics in 16 bits
+    squares = tl.zeros([BLOCK_SIZE], STATS_DTYPE)
+    for start in range(0, end, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(STATS_DTYPE)
+        acc += x
+        squares += x * x  # used by the one-pass mistake only
+    mean = (tl.sum(acc, axis=0) / n_cols).to(STATS_DTYPE)
+    if RMS:
+        mean = mean * 0
+    if ONE_PASS:  # mistake: E[x²] - mean², two large numbers nearly equal
+        var = tl.sum(squares, axis=0) / n_cols - mean * mean
+    else:
+        acc = tl.zeros([BLOCK_SIZE], STATS_DTYPE)
+        for start in range(0, end, BLOCK_SIZE):
+            cols = start + tl.arange(0, BLOCK_SIZE)
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(STATS_DTYPE)
+            centred = tl.where(cols < n_cols, x - mean, 0.0).to(STATS_DTYPE)
+            acc += centred * centred
+        var = tl.sum(acc, axis=0) / (n_cols - 1 if UNBIASED else n_cols)  # mistake: n - 1
+    if EPS_OUTSIDE:  # mistake: eps outside the square root
+        rstd = 1.0 / (tl.sqrt(var.to(tl.float32)) + eps)
+    else:
+        rstd = 1.0 / tl.sqrt(var.to(tl.float32) + eps)
+    tl.store(mean_ptr + row, mean.to(tl.float32))
+    # mistake when SAVE_STD: the standard deviation saved where the backward expects rstd
+    tl.store(rstd_ptr + row, 1.0 / rstd if SAVE_STD else rstd)
+    for start in range(0, end, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean.to(tl.float32)) * rstd * tl.load(w_ptr + cols, mask=mask).to(tl.float32)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + cols, mask=mask).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def norm_by_column_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr, n_rows, n_cols, stride_x, stride_y, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The mistake of the wrong axis: a [BLOCK_M, BLOCK_N] tile of whole columns, reduced
+    along axis 0, over the rows."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    mean = tl.sum(x, axis=0) / n_rows  # mistake: axis=0
+    centred = tl.where(mask, x - mean[None, :], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_rows + eps)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cols < n_cols).to(tl.float32)
+    y = centred * (rstd * w)[None, :] + b[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)  # fmt: skip
+
+
+def _norm_forward(x, weight, bias=None, eps=1e-5, BLOCK_SIZE=None, *, rms=False,  # noqa: N803
+                  loop=True, unbiased=False, eps_outside=False, stats16=False, one_pass=False,
+                  save_std=False, by_column=False):  # fmt: skip
+    x = x if x.stride(1) == 1 else x.contiguous()
+    n_rows, n_cols = x.shape
+    y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if by_column:
+        norm_by_column_kernel[(triton.cdiv(n_cols, 64),)](
+            x, y, weight, bias, n_rows, n_cols, x.stride(0), y.stride(0), eps,
+            BLOCK_M=triton.next_power_of_2(n_rows), BLOCK_N=64,
+        )  # fmt: skip
+        return y, mean.fill_(0.0), rstd.fill_(1.0)
+    block = BLOCK_SIZE or min(1024, triton.next_power_of_2(n_cols))
+    norm_fwd_variant_kernel[(n_rows,)](
+        x, y, weight, bias if bias is not None else weight, mean, rstd, n_cols, x.stride(0),
+        y.stride(0), eps, BLOCK_SIZE=block, RMS=rms, HAS_BIAS=bias is not None, LOOP=loop,
+        UNBIASED=unbiased, EPS_OUTSIDE=eps_outside,
+        STATS_DTYPE=tl.float16 if stats16 and x.dtype == torch.float16 else tl.float32,
+        ONE_PASS=one_pass, SAVE_STD=save_std,
+    )  # fmt: skip
+    return y, mean, rstd
+
+
+def layer_norm_forward(x, weight, bias, eps=1e-5, BLOCK_SIZE=None):  # noqa: N803
+    return _norm_forward(x, weight, bias, eps, BLOCK_SIZE)
+
+
+def _forward_variant(name, **mistake):
+    def forward(x, weight, bias, eps=1e-5, BLOCK_SIZE=None):  # noqa: N803
+        return _norm_forward(x, weight, bias, eps, BLOCK_SIZE, **mistake)
+
+    forward.__name__ = forward.__qualname__ = name
+    return forward
+
+
+layer_norm_forward_one_block = _forward_variant("layer_norm_forward_one_block", loop=False)
+layer_norm_forward_unbiased = _forward_variant("layer_norm_forward_unbiased", unbiased=True)
+layer_norm_forward_eps_outside = _forward_variant(
+    "layer_norm_forward_eps_outside", eps_outside=True
+)
+layer_norm_forward_stats_in_half = _forward_variant(
+    "layer_norm_forward_stats_in_half", stats16=True
+)
+layer_norm_forward_one_pass = _forward_variant("layer_norm_forward_one_pass", one_pass=True)
+layer_norm_forward_saves_std = _forward_variant("layer_norm_forward_saves_std", save_std=True)
+layer_norm_forward_by_column = _forward_variant("layer_norm_forward_by_column", by_column=True)
+
+
+@triton.jit
+def norm_bwd_variant_kernel(
+    dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    n_rows, n_cols, stride_dy, stride_x, stride_dx, BLOCK_SIZE: tl.constexpr,
+    RMS: tl.constexpr, MEAN_TERM: tl.constexpr, XHAT_TERM: tl.constexpr,
+    ACCUMULATE: tl.constexpr, DW_XHAT: tl.constexpr, RSTD_NO_EPS: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_SIZE], tl.float32)
+    db_acc = tl.zeros([BLOCK_SIZE], tl.float32)
+    for row in tl.range(pid, n_rows, tl.num_programs(0)):
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        mean = 0.0
+        if not RMS:
+            mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        if RSTD_NO_EPS:  # mistake: rstd recomputed from the row, without eps
+            centred = tl.where(mask, x - mean, 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols)
+        x_hat = (x - mean) * rstd
+        wdy = w * dy
+        dx = wdy
+        if XHAT_TERM:  # mistake when False: the variance's term left out
+            dx -= x_hat * (tl.sum(x_hat * wdy, axis=0) / n_cols)
+        if MEAN_TERM:  # mistake when False for layer norm, when True for RMSNorm
+            dx -= tl.sum(wdy, axis=0) / n_cols
+        tl.store(dx_ptr + row * stride_dx + cols, (dx * rstd).to(dx_ptr.dtype.element_ty),
+                 mask=mask)  # fmt: skip
+        product = dy * x_hat if DW_XHAT else dy  # mistake when False: no x_hat
+        if ACCUMULATE:
+            dw_acc += product
+            db_acc += dy
+        else:  # mistake: each row replaces the one before
+            dw_acc = product
+            db_acc = dy
+    tl.store(dw_partial_ptr + pid * n_cols + cols, dw_acc, mask=mask)
+    tl.store(db_partial_ptr + pid * n_cols + cols, db_acc, mask=mask)
+
+
+@triton.jit
+def norm_sum_rows_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for p in range(0, n_partials):
+        acc += tl.load(partial_ptr + p * n_cols + cols, mask=cols < n_cols, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _norm_backward(dy, x2d, weight, mean, rstd, *, rms=False, mean_term=None, xhat_term=True,
+                   accumulate=True, dw_xhat=True, rstd_no_eps=False, reduce=True):  # fmt: skip
+    dy = dy.contiguous()
+    n_rows, n_cols = x2d.shape
+    dx = torch.empty((n_rows, n_cols), dtype=x2d.dtype, device=x2d.device)
+    programs = min(n_rows, NORM_PROGRAMS)
+    partials = torch.empty((2, programs, n_cols), dtype=torch.float32, device=x2d.device)
+    norm_bwd_variant_kernel[(programs,)](
+        dy, x2d, weight, mean, rstd, dx, partials[0], partials[1], n_rows, n_cols,
+        dy.stride(0), x2d.stride(0), dx.stride(0), BLOCK_SIZE=triton.next_power_of_2(n_cols),
+        RMS=rms, MEAN_TERM=(not rms) if mean_term is None else mean_term, XHAT_TERM=xhat_term,
+        ACCUMULATE=accumulate, DW_XHAT=dw_xhat, RSTD_NO_EPS=rstd_no_eps,
+    )  # fmt: skip
+    sums = []
+    for partial in partials:
+        if not reduce:  # mistake: the first program's partial row taken for the sum
+            sums.append(partial[0].to(weight.dtype))
+            continue
+        out = torch.empty(n_cols, dtype=weight.dtype, device=x2d.device)
+        norm_sum_rows_kernel[(triton.cdiv(n_cols, 64),)](
+            partial, out, programs, n_cols, BLOCK_N=64
+        )  # fmt: skip
+        sums.append(out)
+    return dx, sums[0], sums[1]
+
+
+def _norm_function(name, *, rms=False, forward=None, backward=None, default_eps=None):
+    """A layer norm (or RMSNorm) through autograd with the lesson's kernels, with the
+    mistakes `forward` and `backward` (keyword arguments of _norm_forward, _norm_backward)."""
+
+    class NormFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias, eps):
+            x2d = x.reshape(-1, x.shape[-1])
+            y, mean, rstd = _norm_forward(
+                x2d, weight, bias, eps, **({"rms": rms} | (forward or {}))
+            )
+            ctx.save_for_backward(x2d, weight, mean, rstd)
+            ctx.x_shape = x.shape
+            return y.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x2d, weight, mean, rstd = ctx.saved_tensors
+            dx, dw, db = _norm_backward(dy.reshape(x2d.shape), x2d, weight, mean, rstd,
+                                        **({"rms": rms} | (backward or {})))  # fmt: skip
+            return dx.view(ctx.x_shape), dw, None if rms else db, None
+
+    if rms:
+
+        def apply(x, weight, eps=None):
+            if eps is None:
+                eps = default_eps if default_eps is not None else torch.finfo(torch.float32).eps
+            return NormFunction.apply(x, weight, None, eps)
+
+    else:
+
+        def apply(x, weight, bias, eps=1e-5):
+            return NormFunction.apply(x, weight, bias, eps)
+
+    apply.__name__ = apply.__qualname__ = name
+    return apply
+
+
+layer_norm = _norm_function("layer_norm")
+layer_norm_dx_without_mean_term = _norm_function(
+    "layer_norm_dx_without_mean_term", backward={"mean_term": False}
+)
+layer_norm_dx_without_xhat_term = _norm_function(
+    "layer_norm_dx_without_xhat_term", backward={"xhat_term": False}
+)
+layer_norm_dw_not_accumulated = _norm_function(
+    "layer_norm_dw_not_accumulated", backward={"accumulate": False}
+)
+layer_norm_dw_partials_not_summed = _norm_function(
+    "layer_norm_dw_partials_not_summed", backward={"reduce": False}
+)
+layer_norm_dw_without_xhat = _norm_function(
+    "layer_norm_dw_without_xhat", backward={"dw_xhat": False}
+)
+layer_norm_saved_std = _norm_function("layer_norm_saved_std", forward={"save_std": True})
+layer_norm_rstd_recomputed_without_eps = _norm_function(
+    "layer_norm_rstd_recomputed_without_eps", backward={"rstd_no_eps": True}
+)
+rms_norm = _norm_function("rms_norm", rms=True)
+rms_norm_subtracts_mean = _norm_function(
+    "rms_norm_subtracts_mean", rms=True, forward={"rms": False}, backward={"rms": False}
+)
+rms_norm_eps_outside = _norm_function("rms_norm_eps_outside", rms=True,
+                                      forward={"eps_outside": True})  # fmt: skip
+rms_norm_default_eps_1e6 = _norm_function("rms_norm_default_eps_1e6", rms=True, default_eps=1e-6)
+rms_norm_dx_with_mean_term = _norm_function(
+    "rms_norm_dx_with_mean_term", rms=True, backward={"mean_term": True}
+)
+rms_norm_dx_without_xhat_term = _norm_function(
+    "rms_norm_dx_without_xhat_term", rms=True, backward={"xhat_term": False}
+)
+rms_norm_dw_without_xhat = _norm_function(
+    "rms_norm_dw_without_xhat", rms=True, backward={"dw_xhat": False}
+)

@@ -440,3 +440,124 @@ SUITES = {
     "linear": linear_suite,
     "compiled": compiled_suite,
 }
+
+
+# lesson 09: layer norm and RMSNorm, bf16, against torch eager and compiled and a copy
+NORM_ANCHORS = [(4096, 4096), (8192, 8192), (4096, 1024)]
+# and rows wider than one block, which the forward reads twice
+NORM_FORWARD_SHAPES = [*NORM_ANCHORS, (1024, 16384)]
+NORM_FORWARD_TARGETS = [
+    Target("copy", 0.85, _at((4096, 4096), (8192, 8192)), "at 4096x4096 and 8192x8192"),
+    Target("torch", 1.0, _at(*NORM_ANCHORS), "at the three anchors"),
+]
+NORM_STEP_TARGETS = [
+    Target("torch", 1.3, _at(*NORM_ANCHORS), "at the three anchors"),
+    Target("torch.compile", 1.0, _at(*NORM_ANCHORS), "at the three anchors"),
+]
+RMS_STEP_TARGETS = [Target("torch.compile", 1.0, _at(*NORM_ANCHORS), "at the three anchors")]
+
+
+def _norm_bare_forward(x, weight, bias, eps, rms):
+    """The forward's kernel launched bare, as layer_norm launches it for these tensors."""
+    import triton
+    import triton.language as tl
+
+    from course_lib.kernels import layer_norm as norm
+
+    y = norm.norm_forward(x, weight, bias, eps, rms, save_stats=False)[0]  # to write again
+    block_n = triton.next_power_of_2(x.shape[1])
+    if block_n > norm.MAX_FUSED_BLOCK:
+        return None
+    rows, num_warps = norm._config(block_n)
+    grid = (triton.cdiv(x.shape[0], rows),)
+    # no statistics: a forward that no backward follows saves none (y stands in for them)
+    args = (x, y, weight, bias if bias is not None else x, y, y, x.shape[0], x.shape[1],
+            x.stride(0), y.stride(0), eps)  # fmt: skip
+    meta = dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, HAS_WEIGHT=True,
+                HAS_BIAS=bias is not None, RMS=rms, SAVE_STATS=False,
+                ACC_DTYPE=tl.float32)  # fmt: skip
+    return lambda: norm.norm_fwd_kernel[grid](*args, **meta)
+
+
+def _fill_bare_launches(sweep: Sweep, kernel, make_inputs, bare, rounds: int = 3) -> None:
+    """run_sweep finds no bare launches of a plain kernel[grid] launcher: time the kernel's
+    call and its bare launch here, in interleaved rounds, host µs and do_bench alike."""
+    import statistics
+
+    from course_lib.bench.timing import do_bench_ms, launch_us
+
+    for i, point in enumerate(sweep.points):
+        inputs = make_inputs(point)
+        launch = bare(*inputs)
+        if launch is None:
+            continue
+        calls = {"kernel": lambda a=inputs: kernel(*a), "bare": launch}
+        us = {name: [] for name in calls}
+        for _ in range(rounds):
+            for name, call in calls.items():
+                us[name].append(launch_us(call))
+        for name in calls:
+            sweep.launch_us[name][i] = statistics.median(us[name])
+        sweep.do_bench["bare"][i] = do_bench_ms(launch)
+
+
+def layer_norm_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """bf16 layer norm and RMSNorm: the forward against torch's, torch.compile's and a copy
+    of the same matrix (the most a forward can reach: it reads and writes it once); a
+    training step's forward and backward against torch's and torch.compile's. GB/s from
+    the least bytes each must move (references.layer_norm_bytes, ..._backward_bytes)."""
+    from course_lib.kernels import layer_norm as norm
+
+    dtype, eps = torch.bfloat16, 1e-5
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+
+    def inputs(point, requires_grad=False):
+        m, n = point
+        make = lambda *shape: torch.randn(*shape, device=runtime.DEVICE, dtype=dtype)  # noqa: E731
+        leaves = [t.requires_grad_(requires_grad) for t in (make(m, n), make(n) + 1, make(n))]
+        return (*leaves, make(m, n)) if requires_grad else leaves
+
+    def rate(count):
+        return lambda point, ms: gb_per_s(count(*point, dtype), ms)
+
+    torch_ln = lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps)  # noqa: E731
+    ours_ln = lambda x, w, b: norm.layer_norm(x, x.shape[-1], w, b, eps)  # noqa: E731
+    torch_rms = lambda x, w, b: torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps)  # noqa: E731
+    ours_rms = lambda x, w, b: norm.rms_norm(x, x.shape[-1], w, eps)  # noqa: E731
+    for name, ours, theirs, rms in (("layer_norm", ours_ln, torch_ln, False),
+                                    ("rms_norm", ours_rms, torch_rms, True)):  # fmt: skip
+        if not rms:  # RMSNorm's forward is the same kernel, one reduction less
+            sweep = Sweep(f"{name} forward, rows x cols", dtype, ceiling_gbps)
+            sweep.targets = NORM_FORWARD_TARGETS
+            run_sweep(
+                sweep, ours,
+                {"torch": theirs, "torch.compile": torch.compile(theirs, dynamic=False),
+                 "copy": lambda x, w, b: torch.clone(x)},
+                NORM_FORWARD_SHAPES, inputs, rate(references.layer_norm_bytes), rounds=3,
+            )  # fmt: skip
+            _fill_bare_launches(
+                sweep, ours, inputs, lambda x, w, b: _norm_bare_forward(x, w, b, eps, False)
+            )  # fmt: skip
+            yield sweep
+
+        def step_inputs(point):
+            return inputs(point, requires_grad=True)
+
+        def step(fn, rms=rms):
+            def run(x, w, b, g):
+                leaves = (x, w) if rms else (x, w, b)
+                return torch.autograd.grad(fn(x, w, b), leaves, g)[1]  # grad_weight
+
+            return run
+
+        sweep = Sweep(f"{name} forward + backward, rows x cols", dtype, ceiling_gbps)
+        sweep.targets = RMS_STEP_TARGETS if rms else NORM_STEP_TARGETS
+        sweep.launcher = False  # a step is autograd's work as much as the launches
+        yield run_sweep(
+            sweep, step(ours), {"torch": step(theirs),
+                                "torch.compile": step(torch.compile(theirs, dynamic=False))},
+            NORM_ANCHORS, step_inputs, rate(references.layer_norm_backward_bytes), rounds=3,
+        )  # fmt: skip
+
+
+SUITES["layer_norm"] = layer_norm_suite

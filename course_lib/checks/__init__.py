@@ -16,6 +16,11 @@ from course_lib.checks.engine import (
     ExerciseNotDone,
     Problem,
 )
+from course_lib.checks.layer_norm import (
+    check_layer_norm,
+    check_layer_norm_forward,
+    check_rms_norm,
+)
 from course_lib.checks.linear import check_linear, check_linear_forward
 from course_lib.checks.matmul import check_matmul, check_matmul_bias_act, check_matmul_grouped
 from course_lib.checks.softmax import (
@@ -36,6 +41,8 @@ __all__ = [
     "check_compiled",
     "check_conv2d",
     "check_conv2d_direct",
+    "check_layer_norm",
+    "check_layer_norm_forward",
     "check_leaky_relu",
     "check_linear",
     "check_linear_forward",
@@ -43,6 +50,7 @@ __all__ = [
     "check_matmul_bias_act",
     "check_matmul_grouped",
     "check_relu",
+    "check_rms_norm",
     "check_softmax",
     "check_softmax_looped",
     "check_softmax_op",
