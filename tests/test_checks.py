@@ -756,6 +756,179 @@ def test_a_right_transpose_passes_every_awkward_case(fn, capsys):
     assert any("bfloat16" in label for label in labels) == (runtime.MODE == "gpu")
 
 
+# --- lesson 04: softmax in float16, whole-tensor masks, the online and persistent kernels ---
+
+# (check, broken launcher, what the report says, what its hint must name)
+SOFTMAX_MISTAKES = [
+    (
+        course_lib.check_softmax,
+        broken.softmax_sums_in_half_precision,
+        "1x70001 (row sum past float16's 65504), float16: ",
+        "your kernel computes in float16",
+    ),
+    (
+        course_lib.check_softmax,
+        broken.softmax_whole_tensor_mask,
+        "37x781 (row not a power of two), float32: ",
+        "ran on into the next row",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_no_rescale,
+        "(values rising along the row: the max grows in every block), float32, BLOCK_SIZE=256: ",
+        "running sum is not rescaled",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_no_inf_guard,
+        "(the first 2500 columns -inf in every other row), float32, BLOCK_SIZE=256: ",
+        "first block is all -inf",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_one_pass,
+        "16x1024 (rows wider than 256), float32, BLOCK_SIZE=256: ",
+        "normalise and store in a second loop",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_second_pass_no_offsets,
+        "only the first 256 of 1024 columns written in every row",
+        "In the second loop, offset each block's columns",
+    ),
+    (
+        course_lib.check_softmax_persistent,
+        broken.softmax_persistent_no_loop,
+        "37x781 (3 programs, rows not a multiple of them), float32: only the first 3 of 37 rows",
+        "programs stopped after their first row",
+    ),
+    (
+        course_lib.check_softmax_persistent,
+        broken.softmax_persistent_loop_from_zero,
+        "37x781 (3 programs, rows not a multiple of them), float32: ",
+        "every program started at row 0",
+    ),
+]
+_SOFTMAX_IDS = [fn.__name__ for _, fn, _, _ in SOFTMAX_MISTAKES]
+
+
+@functools.cache
+def _softmax_report(check, fn) -> str:
+    """Each broken softmax runs once, however many tests read its report."""
+    return _failure(check, fn)
+
+
+@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
+def test_softmax_check_names_the_mistake(check, fn, problem, hint):
+    report = _softmax_report(check, fn)
+    assert problem in report, report
+    assert re.search(r"hint: .*" + re.escape(hint), report), report
+
+
+@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
+def test_softmax_hint_appears_for_its_mistake_only(check, fn, problem, hint):
+    others = [f for c, f, _, _ in SOFTMAX_MISTAKES if c is check and f is not fn]
+    if check is course_lib.check_softmax:  # the first exercise's mistakes, from above
+        others += [v[1] for v in (getattr(m, "values", m) for m in MISTAKES) if v[0] is check]
+    assert others
+    for other in others:
+        assert hint not in _softmax_report(check, other), other.__name__
+
+
+@pytest.mark.parametrize(
+    ("check", "fn"),
+    [
+        (course_lib.check_softmax_looped, broken.softmax_looped_correct),
+        (course_lib.check_softmax_persistent, broken.softmax_persistent_correct),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_correct_softmax_variants_pass_without_hints(check, fn):
+    result = check(fn)
+    assert result.passed and not any(c.hint for c in result.cases)
+
+
+def test_softmax_variant_checks_cover_their_cases():
+    looped = [c.label for c in course_lib.check_softmax_looped(broken.softmax_looped_correct).cases]
+    assert all(label.endswith("BLOCK_SIZE=256") for label in looped)
+    assert any("-inf in every other row" in label for label in looped)
+    persistent = course_lib.check_softmax_persistent(broken.softmax_persistent_correct).cases
+    assert any("1 program for every row" in c.label for c in persistent)
+    assert any("float16" in c.label and "65504" in c.label for c in persistent)
+
+
+def test_persistent_hints_never_ask_for_one_program_per_row():
+    for fn in (broken.softmax_persistent_no_loop, broken.softmax_persistent_loop_from_zero):
+        assert "grid = (n_rows,)" not in _softmax_report(course_lib.check_softmax_persistent, fn)
+
+
+def test_half_precision_hint_needs_the_float32_cases_to_pass():
+    def zeros_everywhere(x):  # wrong on float32 too: not a float16 problem
+        out = torch.zeros_like(x)
+        broken.add_kernel[(1,)](x, x, out, 0, BLOCK_SIZE=128)  # a launch that stores nothing
+        return out
+
+    assert "computes in float16" not in _failure(course_lib.check_softmax, zeros_everywhere)
+
+
+@pytest.mark.parametrize(
+    ("check", "parameter"),
+    [
+        (course_lib.check_softmax_looped, "BLOCK_SIZE"),
+        (course_lib.check_softmax_persistent, "n_programs"),
+    ],
+)
+def test_softmax_variant_checks_say_which_parameter_is_missing(check, parameter):
+    with pytest.raises(TypeError, match=f"give it a {parameter} parameter"):
+        check(softmax.softmax)
+
+
+def test_a_grid_of_no_programs_is_named_as_such():
+    result = _failure(course_lib.check_vector_add, broken.add_grid_floor)
+    empty = [c for c in result.splitlines() if "0 of " in c and "elements written" in c]
+    assert empty and "the grid has no programs" in result and "triton.cdiv" in result
+    assert "did the kernel store" not in result
+    assert "the grid is too small" in result  # the sizes above a block lose only the tail
+
+
+def test_the_costly_float16_overflow_case_waits_for_the_rest():
+    # a wrong mask at its 131,072-wide block takes a GPU compile minutes: not run while
+    # other cases fail, and run (and named) once they pass
+    report = _failure(course_lib.check_softmax, broken.softmax_whole_tensor_mask)
+    assert "(row sum past float16's 65504), float16: not run until every case above" in report
+    report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
+    assert "float16's 65504), float16: not run" not in report
+    assert "your kernel computes in float16" in report
+
+
+def test_a_learners_own_not_implemented_error_is_a_finding():
+    def launcher(x, y):
+        raise NotImplementedError("Exercise 'ex': looks like a stub, but is the learner's")
+
+    report = _failure(course_lib.check_vector_add, launcher)
+    assert "your function raised NotImplementedError" in report
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "kinds"),
+    [
+        (course_lib.check_vector_add, broken.add_grid_floor, {"unwritten"}),
+        (course_lib.check_vector_add, broken.add_wrong_op, {"values"}),
+        (course_lib.check_vector_add, broken.add_returns_input, {"returned"}),
+        (course_lib.check_vector_add, broken.add_wrong_dtype, {"layout"}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    result = info.value.result
+    assert result.kinds == kinds
+    for case in result.cases:
+        assert all(isinstance(p, str) for p in case.problems)  # still text for people
+        assert case.kinds == [p.kind for p in case.problems]
+
+
 # --- lesson 05: grouped program order and the fused epilogue ------------------------------
 
 
@@ -979,179 +1152,6 @@ def test_recording_grids_runs_only_the_first_programs():
 def test_the_epilogue_reference_refuses_an_unknown_activation():
     with pytest.raises(ValueError, match="activation must be one of"):
         references.activation(torch.ones(2), "gelu")
-
-
-# --- lesson 04: softmax in float16, whole-tensor masks, the online and persistent kernels ---
-
-# (check, broken launcher, what the report says, what its hint must name)
-SOFTMAX_MISTAKES = [
-    (
-        course_lib.check_softmax,
-        broken.softmax_sums_in_half_precision,
-        "1x70001 (row sum past float16's 65504), float16: ",
-        "your kernel computes in float16",
-    ),
-    (
-        course_lib.check_softmax,
-        broken.softmax_whole_tensor_mask,
-        "37x781 (row not a power of two), float32: ",
-        "ran on into the next row",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_no_rescale,
-        "(values rising along the row: the max grows in every block), float32, BLOCK_SIZE=256: ",
-        "running sum is not rescaled",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_no_inf_guard,
-        "(the first 2500 columns -inf in every other row), float32, BLOCK_SIZE=256: ",
-        "first block is all -inf",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_one_pass,
-        "16x1024 (rows wider than 256), float32, BLOCK_SIZE=256: ",
-        "normalise and store in a second loop",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_second_pass_no_offsets,
-        "only the first 256 of 1024 columns written in every row",
-        "In the second loop, offset each block's columns",
-    ),
-    (
-        course_lib.check_softmax_persistent,
-        broken.softmax_persistent_no_loop,
-        "37x781 (3 programs, rows not a multiple of them), float32: only the first 3 of 37 rows",
-        "programs stopped after their first row",
-    ),
-    (
-        course_lib.check_softmax_persistent,
-        broken.softmax_persistent_loop_from_zero,
-        "37x781 (3 programs, rows not a multiple of them), float32: ",
-        "every program started at row 0",
-    ),
-]
-_SOFTMAX_IDS = [fn.__name__ for _, fn, _, _ in SOFTMAX_MISTAKES]
-
-
-@functools.cache
-def _softmax_report(check, fn) -> str:
-    """Each broken softmax runs once, however many tests read its report."""
-    return _failure(check, fn)
-
-
-@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
-def test_softmax_check_names_the_mistake(check, fn, problem, hint):
-    report = _softmax_report(check, fn)
-    assert problem in report, report
-    assert re.search(r"hint: .*" + re.escape(hint), report), report
-
-
-@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
-def test_softmax_hint_appears_for_its_mistake_only(check, fn, problem, hint):
-    others = [f for c, f, _, _ in SOFTMAX_MISTAKES if c is check and f is not fn]
-    if check is course_lib.check_softmax:  # the first exercise's mistakes, from above
-        others += [v[1] for v in (getattr(m, "values", m) for m in MISTAKES) if v[0] is check]
-    assert others
-    for other in others:
-        assert hint not in _softmax_report(check, other), other.__name__
-
-
-@pytest.mark.parametrize(
-    ("check", "fn"),
-    [
-        (course_lib.check_softmax_looped, broken.softmax_looped_correct),
-        (course_lib.check_softmax_persistent, broken.softmax_persistent_correct),
-    ],
-    ids=lambda v: getattr(v, "__name__", None),
-)
-def test_correct_softmax_variants_pass_without_hints(check, fn):
-    result = check(fn)
-    assert result.passed and not any(c.hint for c in result.cases)
-
-
-def test_softmax_variant_checks_cover_their_cases():
-    looped = [c.label for c in course_lib.check_softmax_looped(broken.softmax_looped_correct).cases]
-    assert all(label.endswith("BLOCK_SIZE=256") for label in looped)
-    assert any("-inf in every other row" in label for label in looped)
-    persistent = course_lib.check_softmax_persistent(broken.softmax_persistent_correct).cases
-    assert any("1 program for every row" in c.label for c in persistent)
-    assert any("float16" in c.label and "65504" in c.label for c in persistent)
-
-
-def test_persistent_hints_never_ask_for_one_program_per_row():
-    for fn in (broken.softmax_persistent_no_loop, broken.softmax_persistent_loop_from_zero):
-        assert "grid = (n_rows,)" not in _softmax_report(course_lib.check_softmax_persistent, fn)
-
-
-def test_half_precision_hint_needs_the_float32_cases_to_pass():
-    def zeros_everywhere(x):  # wrong on float32 too: not a float16 problem
-        out = torch.zeros_like(x)
-        broken.add_kernel[(1,)](x, x, out, 0, BLOCK_SIZE=128)  # a launch that stores nothing
-        return out
-
-    assert "computes in float16" not in _failure(course_lib.check_softmax, zeros_everywhere)
-
-
-@pytest.mark.parametrize(
-    ("check", "parameter"),
-    [
-        (course_lib.check_softmax_looped, "BLOCK_SIZE"),
-        (course_lib.check_softmax_persistent, "n_programs"),
-    ],
-)
-def test_softmax_variant_checks_say_which_parameter_is_missing(check, parameter):
-    with pytest.raises(TypeError, match=f"give it a {parameter} parameter"):
-        check(softmax.softmax)
-
-
-def test_a_grid_of_no_programs_is_named_as_such():
-    result = _failure(course_lib.check_vector_add, broken.add_grid_floor)
-    empty = [c for c in result.splitlines() if "0 of " in c and "elements written" in c]
-    assert empty and "the grid has no programs" in result and "triton.cdiv" in result
-    assert "did the kernel store" not in result
-    assert "the grid is too small" in result  # the sizes above a block lose only the tail
-
-
-def test_the_costly_float16_overflow_case_waits_for_the_rest():
-    # a wrong mask at its 131,072-wide block takes a GPU compile minutes: not run while
-    # other cases fail, and run (and named) once they pass
-    report = _failure(course_lib.check_softmax, broken.softmax_whole_tensor_mask)
-    assert "(row sum past float16's 65504), float16: not run until every case above" in report
-    report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
-    assert "float16's 65504), float16: not run" not in report
-    assert "your kernel computes in float16" in report
-
-
-def test_a_learners_own_not_implemented_error_is_a_finding():
-    def launcher(x, y):
-        raise NotImplementedError("Exercise 'ex': looks like a stub, but is the learner's")
-
-    report = _failure(course_lib.check_vector_add, launcher)
-    assert "your function raised NotImplementedError" in report
-
-
-@pytest.mark.parametrize(
-    ("check", "fn", "kinds"),
-    [
-        (course_lib.check_vector_add, broken.add_grid_floor, {"unwritten"}),
-        (course_lib.check_vector_add, broken.add_wrong_op, {"values"}),
-        (course_lib.check_vector_add, broken.add_returns_input, {"returned"}),
-        (course_lib.check_vector_add, broken.add_wrong_dtype, {"layout"}),
-    ],
-    ids=lambda v: getattr(v, "__name__", ""),
-)
-def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    result = info.value.result
-    assert result.kinds == kinds
-    for case in result.cases:
-        assert all(isinstance(p, str) for p in case.problems)  # still text for people
-        assert case.kinds == [p.kind for p in case.problems]
 
 
 # --- lesson 06 ----------------------------------------------------------------------------
