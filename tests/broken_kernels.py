@@ -1136,6 +1136,7 @@ def conv2d_variant_kernel(
     SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_PADDING: tl.constexpr, FLIP: tl.constexpr, WHOLE_C_TILES: tl.constexpr,
+    MASK_X_CHANNELS: tl.constexpr, STORE_AS_MATRIX: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1160,18 +1161,24 @@ def conv2d_variant_kernel(
                 c = c0 + offs_k
                 x_ptrs = (x_ptr + b[:, None] * sxb + c[None, :] * sxc + ih[:, None] * sxh
                           + iw[:, None] * sxw)  # fmt: skip
-                x_tile = tl.load(x_ptrs, mask=pixel_ok[:, None] & (c[None, :] < C), other=0.0)
+                x_mask = pixel_ok[:, None] & (c[None, :] < C)
+                if not MASK_X_CHANNELS:  # mistake: the padding masked, the channels not
+                    x_mask = pixel_ok[:, None]
+                x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0)
                 w_ptrs = w_ptr + offs_n[None, :] * swo + c[:, None] * swc + wr * swr + ws * sws
                 w_tile = tl.load(w_ptrs, mask=(c[:, None] < C) & n_ok[None, :], other=0.0)
                 acc = tl.dot(x_tile, w_tile, acc)
     out_ptrs = (out_ptr + b[:, None] * sob + offs_n[None, :] * soc + oh[:, None] * soh
                 + ow[:, None] * sow)  # fmt: skip
+    if STORE_AS_MATRIX:  # mistake: out stored as the [M, N] matrix of the product
+        out_ptrs = out_ptr + offs_m[:, None] * O + offs_n[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, flip=False,
             whole_c_tiles=False, size_without=None, window_without=None, x_strides="right",
-            w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16):  # fmt: skip
+            w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16,
+            mask_x_channels=True, store_as_matrix=False):  # fmt: skip
     (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     plain = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
@@ -1205,6 +1212,7 @@ def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, fl
         *in_window["stride"], *in_window["padding"], *in_window["dilation"], KH=KH, KW=KW,
         BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k,
         MASK_PADDING=mask_padding, FLIP=flip, WHOLE_C_TILES=whole_c_tiles,
+        MASK_X_CHANNELS=mask_x_channels, STORE_AS_MATRIX=store_as_matrix,
     )  # fmt: skip
     return out
 
@@ -1267,6 +1275,79 @@ def conv2d_weight_oc_swapped(x, weight, stride=1, padding=0, dilation=1):
 
 def conv2d_weight_rs_swapped(x, weight, stride=1, padding=0, dilation=1):
     return _conv2d(x, weight, stride, padding, dilation, w_strides="rs_swapped")
+
+
+def conv2d_x_channels_not_masked(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, mask_x_channels=False)
+
+
+def conv2d_output_stored_as_matrix(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, store_as_matrix=True)
+
+
+def conv2d_dot_tile_of_8(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, block_k=8)  # mistake: K side of 8
+
+
+@triton.jit
+def conv2d_direct_variant_kernel(
+    x_ptr, w_ptr, out_ptr, C, H, W, O, OH, OW,
+    sxb, sxc, sxh, sxw, swo, swc, swr, sws, sob, soc, soh, sow,
+    SH, SW, PH, PW, KH: tl.constexpr, KW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    COLUMNS_PADDED_AS_ROWS: tl.constexpr, ACC_FP16: tl.constexpr,
+):  # fmt: skip
+    pid_bo = tl.program_id(0)
+    b, o = pid_bo // O, pid_bo % O
+    offsets = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    oh, ow = offsets // OW, offsets % OW
+    in_image = offsets < OH * OW
+    if ACC_FP16:  # mistake: the inputs' dtype for the accumulator, float16 for float16
+        acc = tl.zeros((BLOCK_SIZE,), dtype=x_ptr.dtype.element_ty)
+    else:
+        acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    pw = PW
+    if COLUMNS_PADDED_AS_ROWS:  # mistake: padding[0] for the columns too
+        pw = PH
+    for c in range(C):
+        for r in range(KH):
+            for s in range(KW):
+                ih = oh * SH - PH + r
+                iw = ow * SW - pw + s
+                mask = in_image & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                x = tl.load(x_ptr + b * sxb + c * sxc + ih * sxh + iw * sxw, mask=mask, other=0.0)
+                w = tl.load(w_ptr + o * swo + c * swc + r * swr + s * sws)
+                if ACC_FP16:
+                    acc += x * w
+                else:
+                    acc += x.to(tl.float32) * w.to(tl.float32)
+    out_ptrs = out_ptr + b * sob + o * soc + oh * soh + ow * sow
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_image)
+
+
+def _conv2d_direct(x, weight, stride=1, padding=0, *, columns_padded_as_rows=False,
+                   acc_fp16=False):  # fmt: skip
+    (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
+    (SH, SW), (PH, PW) = _pair(stride), _pair(padding)
+    OH, OW = (H + 2 * PH - KH) // SH + 1, (W + 2 * PW - KW) // SW + 1
+    out = torch.empty((B, O, OH, OW), dtype=x.dtype, device=x.device)
+    conv2d_direct_variant_kernel[(B * O, triton.cdiv(OH * OW, 128))](
+        x, weight, out, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
+        SH, SW, PH, PW, KH=KH, KW=KW, BLOCK_SIZE=128,  # the notebook's BLOCK_SIZE
+        COLUMNS_PADDED_AS_ROWS=columns_padded_as_rows, ACC_FP16=acc_fp16,
+    )  # fmt: skip
+    return out
+
+
+def conv2d_direct(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding)
+
+
+def conv2d_direct_columns_padded_as_rows(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding, columns_padded_as_rows=True)
+
+
+def conv2d_direct_fp16_accumulator(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding, acc_fp16=True)
 
 
 @triton.jit

@@ -1170,9 +1170,13 @@ CONV2D_FAMILIES = {
     "dilation": ["ignores the dilation"],
     "strides": ["reads x as if it were NCHW-contiguous"],
     "out": ["stores into it as if it were NCHW-contiguous"],
-    "hw": ["H and W are swapped"],
+    "hw": ["H and W are swapped", "rows and columns are mixed up in the window"],
     "oc": ["read as [C, O, kh, kw]"],
     "rs": ["rows and columns are swapped"],
+    "x_channels": ["the x tile reads channels past C"],
+    "matrix": ["stores the output as an [M, N] matrix"],
+    "accumulator": ["accumulate in float32"],
+    "dot": ["refuses a tl.dot whose inner side K is under 16"],
 }  # fmt: skip
 CONV2D_MISTAKES = [
     # broken launcher, a case it fails, the hint under that case, the families it may show
@@ -1204,6 +1208,26 @@ CONV2D_MISTAKES = [
      {"oc"}),
     (broken.conv2d_weight_rs_swapped, "square image, C = O", "rows and columns are swapped",
      {"rs"}),
+    (broken.conv2d_x_channels_not_masked, "C and O past a tile",
+     "the x tile reads channels past C", {"x_channels"}),
+    (broken.conv2d_x_channels_not_masked, "a single output pixel",
+     "the x tile reads channels past C", {"x_channels"}),
+    (broken.conv2d_output_stored_as_matrix, "odd image, padding 1",
+     "stores the output as an [M, N] matrix", {"matrix"}),
+    (broken.conv2d_output_stored_as_matrix, "C and O past a tile",
+     "stores the output as an [M, N] matrix", {"matrix", "out"}),
+]  # fmt: skip
+if runtime.INTERPRETED:  # on a GPU the compile itself refuses the kernel
+    CONV2D_MISTAKES.append((broken.conv2d_dot_tile_of_8, "odd image, padding 1",
+                            "whose inner side K is under 16", {"dot"}))  # fmt: skip
+CONV2D_DIRECT_MISTAKES = [
+    # the direct kernel, at the notebook's BLOCK_SIZE of 128
+    (broken.conv2d_direct_columns_padded_as_rows, "stride 2, padding (2, 1)",
+     "used padding[0] for the columns too", {"hw"}),
+    (broken.conv2d_direct_columns_padded_as_rows, "1x3 kernel, stride (2, 1)",
+     "used padding[0] for the columns too", {"hw"}),
+    (broken.conv2d_direct_fp16_accumulator, "float16",
+     "acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)", {"accumulator"}),
 ]  # fmt: skip
 
 
@@ -1222,6 +1246,27 @@ def test_conv2d_check_names_the_mistake_and_no_other(fn, case, hint, families):
     report = _conv2d_failure(fn)
     assert_hint_under(report, case, hint)
     assert_no_other_family(report, families, CONV2D_FAMILIES)
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "families"),
+    CONV2D_DIRECT_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(CONV2D_DIRECT_MISTAKES)],
+)
+def test_conv2d_direct_check_names_the_mistake_and_no_other(fn, case, hint, families):
+    report = _conv2d_direct_failure(fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, families, CONV2D_FAMILIES)
+
+
+@functools.cache
+def _conv2d_direct_failure(fn) -> str:
+    return _failure(course_lib.check_conv2d_direct, fn)
+
+
+def test_conv2d_direct_check_passes_a_right_kernel_at_the_notebooks_block(capsys):
+    course_lib.check_conv2d_direct(broken.conv2d_direct)
+    assert capsys.readouterr().out == "✓ conv2d_direct: every case passed\n"
 
 
 def test_conv2d_check_passes_a_right_kernel_and_covers_the_awkward_cases(capsys):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from course_lib import references, runtime
+from course_lib import gpu_rules, references, runtime
 from course_lib.checks.engine import (
     Case,
     CaseResult,
@@ -82,6 +82,35 @@ DROPPED_TAPS_HINT = (
     "the last, partial step of the reduction is missing: with K = C * kh * kw = {K} and "
     "BLOCK_K = {block}, your loop stops at {kept}. Loop over triton.cdiv(K, BLOCK_K) steps "
     "and mask the taps past K"
+)
+
+CHANNEL_MASK_HINT = (
+    "the x tile reads channels past C: the last channel tile overhangs C, and its load "
+    "needs the channels in its mask too, pixel_ok[:, None] & (c[None, :] < C), with "
+    "other=0.0. The w tile's zeros there do not cancel what lies past x: NaN"
+)
+OUTPUT_AS_MATRIX_HINT = (
+    "the right values landed in the wrong places: your kernel stores the output as an "
+    "[M, N] matrix, one row per output pixel, but out is [B, O, OH, OW]. Store through "
+    "out's strides: b * stride_ob + offs_n * stride_oc + oh * stride_oh + ow * stride_ow"
+)
+WINDOW_HW_HINT = (
+    "rows and columns are mixed up in the window: input row ih = oh * stride_h - pad_h + r "
+    "takes stride[0] and padding[0], input column iw = ow * stride_w - pad_w + s takes "
+    "stride[1] and padding[1]; your kernel used {what}"
+)
+FP16_DIRECT_HINT = (
+    "close but not close enough, in half precision only: accumulate in float32, "
+    "acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32) and acc += x.to(tl.float32) * "
+    "w.to(tl.float32), and convert once when you store"
+)
+DOT_SIZE_HINT = (
+    "a GPU compile refuses a tl.dot whose inner side K is under 16: make BLOCK_K at least "
+    "16 (the interpreter runs smaller tiles, a GPU does not)"
+)
+GPU_REFUSES_HINT = (
+    "a GPU compile refuses your kernel, though the interpreter runs it: the reason above "
+    "names the line"
 )
 
 _BLOCKS = (16, 32, 64, 128)
@@ -157,22 +186,36 @@ HINTS = Hints(
         "the output must have x's dtype: allocate it with dtype=x.dtype and store "
         "acc.to(out_ptr.dtype.element_ty)"
     ),
-    wrong_values="the values differ from torch's conv2d: check the sum over c, r and s",
+    wrong_values=(
+        "the values differ from torch's conv2d, in no pattern the check knows: compare your "
+        "kernel's sum over c, r and s with the formula above, one index at a time"
+    ),
     wrong_shape=_wrong_shape,
+    raised=lambda kind, message: _raised(kind, message),
 )
+
+
+def _raised(kind: str, message: str) -> str | None:
+    """The GPU compiler's refusal, from the interpreter's front end or a GPU's launch."""
+    if "Input shapes should have" in message and "K >= " in message:
+        return DOT_SIZE_HINT
+    return GPU_REFUSES_HINT if kind == gpu_rules.GPURefused.__name__ else None
 
 
 # --- what mistaken kernels compute, for the hints -----------------------------------------
 
 
-def _gathered(x, w, stride, padding, dilation, *, strides=None, mask_padding=True):
+def _gathered(x, w, stride, padding, dilation, *, strides=None, mask_padding=True,
+              window=None):  # fmt: skip
     """conv2d summed tap by tap from x's memory at x[b, c, ih, iw] = memory[b·sB + c·sC +
     ih·sH + iw·sW] for the given strides (x's own by default), as a kernel would read it.
     Without mask_padding, taps in the padding read whatever that offset holds, and NaN
-    outside x's memory, as the guard bands around it would give."""
+    outside x's memory, as the guard bands around it would give. `window`, a (stride,
+    padding) pair, places the window otherwise than the output's size says."""
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     sB, sC, sH, sW = strides or x.stride()
     OH, OW = _output_hw(x.shape, w.shape, stride, padding, dilation)
+    stride, padding = window or (stride, padding)
     span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()))
     memory = x.as_strided((span,), (1,), x.storage_offset()).double().cpu()
     memory = torch.cat([memory, torch.tensor([math.nan], dtype=torch.float64)])
@@ -266,7 +309,74 @@ def _mistakes(x, w, stride, padding, dilation) -> list[KnownMistake]:
             lambda x, w: _stored_as_nchw(conv(x.double(), w.double()), x),
             OUTPUT_STRIDES_HINT,
         ))  # fmt: skip
+    if OH * OW > 1 and O > 1:
+        found.append(KnownMistake(
+            lambda x, w: _stored_as_matrix(conv(x.double(), w.double())), OUTPUT_AS_MATRIX_HINT
+        ))  # fmt: skip
+    # channels-last memory keeps most of an unmasked channel tile inside x, which makes a
+    # pattern of its own; in NCHW the overhang reads past x's end, NaN like any such read
+    channels_last = x.stride(1) == 1 and C > 1
+    for end in sorted({-(-C // block) * block for block in _BLOCKS if C % block}):
+        if not channels_last:
+            break
+        found.append(KnownMistake(
+            lambda x, w, end=end: _channels_unmasked(x, w, stride, padding, dilation, end),
+            CHANNEL_MASK_HINT,
+        ))  # fmt: skip
+    found += _window_mixups(stride, padding, dilation)
     return found
+
+
+def _window_mixups(stride, padding, dilation) -> list[KnownMistake]:
+    """A window placed with the rows' stride or padding for the columns, or the other way
+    round, or both swapped: wrong only where rows and columns differ."""
+    found = []
+    for name, (h, w) in (("stride", stride), ("padding", padding)):
+        if h == w:
+            continue
+        for used, what in [
+            ((h, h), f"{name}[0] for the columns too"),
+            ((w, w), f"{name}[1] for the rows too"),
+            ((w, h), f"{name}[1] for the rows and {name}[0] for the columns"),
+        ]:
+            window = (used, padding) if name == "stride" else (stride, used)
+            found.append(KnownMistake(
+                lambda x, w_, window=window: _gathered(x, w_, stride, padding, dilation,
+                                                       window=window),
+                WINDOW_HW_HINT.format(what=what),
+            ))  # fmt: skip
+    return found
+
+
+def _channels_unmasked(x, w, stride, padding, dilation, end: int) -> torch.Tensor:
+    """conv2d as a kernel computes it whose x tile is masked on the padding only: the
+    channels from C up to `end`, the end of the last channel tile, are read and multiplied by
+    the w tile's zeros, which cancel every finite value and no NaN of the guard bands."""
+    (B, C, H, W), (KH, KW) = x.shape, w.shape[2:]
+    result = F.conv2d(x.double(), w.double(), None, stride, padding, dilation).cpu()
+    sB, sC, sH, sW = x.stride()
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()))
+    OH, OW = result.shape[2:]
+    oh, ow = torch.arange(OH)[:, None], torch.arange(OW)[None, :]
+    b = torch.arange(B)[:, None, None, None]
+    c = torch.arange(C, end)[None, :, None, None]
+    for r in range(KH):
+        for s in range(KW):
+            ih = oh * stride[0] - padding[0] + r * dilation[0]
+            iw = ow * stride[1] - padding[1] + s * dilation[1]
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # [OH, OW]
+            offsets = b * sB + c * sC + ih * sH + iw * sW  # [B, channels past C, OH, OW]
+            outside = ((offsets < 0) | (offsets >= span)).any(dim=1) & inside  # [B, OH, OW]
+            result = result.masked_fill(outside[:, None], math.nan)
+    return result.to(x.device)
+
+
+def _stored_as_matrix(result: torch.Tensor) -> torch.Tensor:
+    """What a kernel leaves in an NCHW output when it stores acc as a row-major [M, N]
+    matrix, M = B * OH * OW pixels by N = O channels: the right values, misplaced."""
+    out = torch.empty(result.shape, dtype=result.dtype, device=result.device)
+    out.view(-1).copy_(result.permute(0, 2, 3, 1).reshape(-1))
+    return out
 
 
 def _stops(n: int) -> dict[int, str]:
@@ -374,20 +484,21 @@ def _cases(seed: int, direct: bool) -> list[Case]:
     return cases
 
 
-def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
+def _refine(cases: Sequence[Case], results: list[CaseResult], *, direct: bool) -> None:
     """Hints that only a comparison of cases reveals."""
     full = [r for c, r in zip(cases, results) if c.inputs[0].dtype == torch.float32]
     contiguous_pass = all(r.passed for c, r in zip(cases, results) if c.kind == "contiguous")
     # an H/W swap, or a misread weight, reads far outside x on most shapes, which alone
     # looks like a missing mask: where one case names it, say so everywhere
-    carried = {HW_SWAPPED_HINT, WEIGHT_OC_SWAPPED_HINT, WEIGHT_RS_SWAPPED_HINT, WEIGHT_FLAT_HINT}
+    carried = {HW_SWAPPED_HINT, WEIGHT_OC_SWAPPED_HINT, WEIGHT_RS_SWAPPED_HINT, WEIGHT_FLAT_HINT,
+               CHANNEL_MASK_HINT}  # fmt: skip
     named = next((r.hint for r in results if r.hint in carried), None)
     vague = {HINTS.read_past_end, HINTS.wrong_values, HINTS.load_out_of_bounds}
     for case, result in zip(cases, results):
         half = case.inputs[0].dtype in (torch.float16, torch.bfloat16)
         close = result.relative_error is not None and result.relative_error < 1e-2
         if half and close and all(r.passed for r in full):
-            result.hint = FP16_ACCUMULATION_HINT
+            result.hint = FP16_DIRECT_HINT if direct else FP16_ACCUMULATION_HINT
         elif case.kind == "channels_last" and result.hint in vague and contiguous_pass:
             result.hint = STRIDES_IGNORED_HINT
         elif named and result.hint in vague:
@@ -401,13 +512,21 @@ def check_conv2d_direct(fn: ConvFn) -> CheckResult:
     """Check `fn(x, weight, stride=1, padding=0)`, your direct convolution for lesson 06,
     against torch's conv2d in float64: odd sizes, 1x1 to 7x7 kernels, stride and padding
     as ints and pairs, a channels-last input, float16."""
-    return run_check("conv2d_direct", fn, _cases(61, direct=True), references.conv2d,
-                     hints=HINTS, refine=_refine)  # fmt: skip
+    return run_check("conv2d_direct", _refusing(fn), _cases(61, direct=True), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=True))  # fmt: skip
 
 
 def check_conv2d(fn: ConvFn) -> CheckResult:
     """Check `fn(x, weight, stride=1, padding=0, dilation=1)`, your implicit-GEMM
     convolution for lesson 06, against torch's conv2d in float64: the direct check's cases
     and dilation 2, channels that are not a multiple of a tile, more channels-last."""
-    return run_check("conv2d", fn, _cases(62, direct=False), references.conv2d,
-                     hints=HINTS, refine=_refine)  # fmt: skip
+    return run_check("conv2d", _refusing(fn), _cases(62, direct=False), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=False))  # fmt: skip
+
+
+def _refusing(fn: ConvFn) -> ConvFn:
+    """fn, failing a case whose kernel a GPU compile refuses (in the interpreter, which
+    runs it all the same): a tl.dot with BLOCK_K under 16, say."""
+    if not callable(fn):
+        return fn  # the engine says what it got
+    return gpu_rules.refusing(fn)
