@@ -1395,6 +1395,7 @@ def linear_variant_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
     ACC_DTYPE: tl.constexpr, ACT_FIRST: tl.constexpr, BIAS_PER_ROW: tl.constexpr,
+    Z_AFTER_ACT: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1414,19 +1415,22 @@ def linear_variant_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     offs_c = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SAVE_Z:
+    if SAVE_Z and not Z_AFTER_ACT:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     if ACTIVATION == "relu":
         acc = tl.maximum(acc, 0.0)
     elif ACTIVATION == "gelu":
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    if SAVE_Z and Z_AFTER_ACT:  # mistake: z stored once the activation has overwritten acc
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     if HAS_BIAS and ACT_FIRST:  # mistake: the bias after the activation
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     tl.store(c_ptr + offs_c, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
-                   b_strides=None, act_first=False, bias_per_row=False, acc=None):  # fmt: skip
+                   b_strides=None, act_first=False, bias_per_row=False, acc=None,
+                   z_after_act=False, block_k=32):  # fmt: skip
     """activation(a @ b + bias) (and z) by linear_variant_kernel, each mistake a keyword."""
     M, K = a.shape
     N = b.shape[1] if b_strides is None else b.shape[0]
@@ -1434,19 +1438,20 @@ def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
     c = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
     z = torch.empty_like(c) if save_z else c
     acc = acc or (tl.float64 if a.dtype == torch.float64 else tl.float32)
-    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))  # the notebook's interpreter tiles
     linear_variant_kernel[grid](
         a, b, c if bias is None else bias, c, z, M, N, K, *a.stride(),
         *(b.stride() if b_strides is None else b_strides), *c.stride(),
-        BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, HAS_BIAS=bias is not None,
+        BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k, HAS_BIAS=bias is not None,
         ACTIVATION=activation or "", SAVE_Z=save_z, ACC_DTYPE=acc, ACT_FIRST=act_first,
-        BIAS_PER_ROW=bias_per_row,
+        BIAS_PER_ROW=bias_per_row, Z_AFTER_ACT=z_after_act,
     )  # fmt: skip
     return (c, z) if save_z else c
 
 
 def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swapped_strides=False,
-                    first_rows=False, keep_2d=False, act=..., view=False, **mistake):  # fmt: skip
+                    first_rows=False, keep_2d=False, act=..., view=False, z_flat=False,
+                    **mistake):  # fmt: skip
     x2d = x.view(-1, x.shape[-1]) if view else x.reshape(-1, x.shape[-1])
     w_t = weight.t()
     strides = (weight.stride(0), weight.stride(1)) if swapped_strides else None
@@ -1457,7 +1462,9 @@ def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swap
     y = out[0] if save_z else out
     if not keep_2d:
         y = y.reshape(*x.shape[:-1], weight.shape[0])
-    return (y, out[1]) if save_z else y
+    if not save_z:
+        return y
+    return y, out[1] if keep_2d or z_flat else out[1].reshape(y.shape)
 
 
 def linear_forward(x, weight, bias=None, activation=None, save_z=False):
@@ -1500,6 +1507,23 @@ def linear_forward_fp32_accumulator(x, weight, bias=None, activation=None):
     return _linear_forward(x, weight, bias, activation, acc=tl.float32)
 
 
+def linear_forward_z_after_activation(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation, save_z, z_after_act=True)
+
+
+def linear_forward_ignores_save_z(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation)  # mistake: y alone, whatever save_z
+
+
+def linear_forward_z_flat(x, weight, bias=None, activation=None, save_z=False):
+    # mistake: z left [M, out] where y gets x's leading dimensions
+    return _linear_forward(x, weight, bias, activation, save_z, z_flat=True)
+
+
+def linear_forward_dot_tile_of_8(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation, save_z, block_k=8)
+
+
 def _product(a, b):
     return _linear_launch(a, b)
 
@@ -1509,37 +1533,50 @@ def _slope(saved, activation):
 
 
 def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", grad_bias="right",
-                     count=4, view=False):  # fmt: skip
+                     count=4, view=False, needs="followed", order="right"):  # fmt: skip
     """A LinearFunction with one mistake in its backward, chosen by keyword."""
 
     class LinearFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, weight, bias, activation):
-            x2d = x.reshape(-1, x.shape[-1])
+            needs_x, needs_weight = ctx.needs_input_grad[:2]
+            if needs == "ignored":  # mistake: everything saved and computed, whatever is wanted
+                needs_x = needs_weight = True
+            x2d = x.reshape(-1, x.shape[-1]) if needs_weight else None
             y, z = linear_forward(x, weight, bias, activation, save_z=True)
-            ctx.save_for_backward(x2d, weight, z, y)
+            kept = weight if needs_x else None
+            if order == "swapped":  # mistake: saved in another order than unpacked
+                ctx.save_for_backward(kept, x2d, z, y)
+            else:
+                ctx.save_for_backward(x2d, kept, z, y)
             ctx.activation, ctx.x_shape, ctx.has_bias = activation, x.shape, bias is not None
+            ctx.needs = (needs_x, needs_weight, ctx.needs_input_grad[2] or needs == "ignored")
             return y
 
         @staticmethod
         def backward(ctx, grad_y):
             x2d, weight, z, y = ctx.saved_tensors
+            needs_x, needs_weight, needs_bias = ctx.needs
             g = (grad_y.view if view else grad_y.reshape)(-1, grad_y.shape[-1])
-            y = y.reshape(len(g), -1)
+            y, z = y.reshape(len(g), -1), z.reshape(len(g), -1)
             if slope != "none" and ctx.activation is not None:  # mistake "none": no slope
                 g = (g.double() * _slope(y if slope == "y" else z, ctx.activation)).to(g.dtype)
             rows = ctx.x_shape[0] if "first rows" in (grad_weight, grad_bias) else len(g)
-            gx = _product(g, weight.t() if grad_x == "transposed" else weight)
-            gw = {
-                "right": lambda: _product(g.t(), x2d),
-                "transposed": lambda: _product(x2d.t(), g),
-                "from y": lambda: _product(g.t(), y),
-                "first rows": lambda: _product(g[:rows].t(), x2d[:rows]),
-            }[grad_weight]()
-            gb = None
-            if ctx.has_bias and grad_bias != "none":
+            gx = gw = gb = None
+            if needs_x:
+                gx = _product(g, weight.t() if grad_x == "transposed" else weight)
+                gx = gx.reshape(ctx.x_shape)
+            if needs_weight:
+                gw = {
+                    "right": lambda: _product(g.t(), x2d),
+                    "transposed": lambda: _product(x2d.t(), g),
+                    "from y": lambda: _product(g.t(), y),
+                    "first rows": lambda: _product(g[:rows].t(), x2d[:rows]),
+                    "torch": lambda: g.t() @ x2d,  # mistake: PyTorch's product
+                }[grad_weight]()
+            if ctx.has_bias and needs_bias and grad_bias != "none":
                 gb = g.sum(1) if grad_bias == "wrong axis" else g[:rows].sum(0)
-            grads = (gx.reshape(ctx.x_shape), gw, gb, None)
+            grads = (gx, gw, gb, None)
             return grads[:count]
 
     def apply(x, weight, bias=None, activation=None):
@@ -1592,6 +1629,21 @@ linear_autograd_views_grad = _linear_function("linear_autograd_views_grad", view
 
 
 linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradients", count=3)
+
+
+linear_autograd_ignores_needs_input_grad = _linear_function(
+    "linear_autograd_ignores_needs_input_grad", needs="ignored"
+)
+
+
+linear_autograd_saved_out_of_order = _linear_function(
+    "linear_autograd_saved_out_of_order", order="swapped"
+)
+
+
+linear_autograd_torch_grad_weight = _linear_function(
+    "linear_autograd_torch_grad_weight", grad_weight="torch"
+)
 
 
 def linear_autograd_without_function(x, weight, bias=None, activation=None):

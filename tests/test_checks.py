@@ -24,6 +24,12 @@ def _failure(check, fn) -> str:
     return info.value.result.report()
 
 
+def linear_with_z(x, weight, bias=None, activation=None, save_z=False):
+    """The finished linear with the exercise's save_z: z by a second call, no activation."""
+    y = linear.linear(x, weight, bias, activation)
+    return (y, linear.linear(x, weight, bias)) if save_z else y
+
+
 FINISHED = [
     (course_lib.check_vector_add, vector_add.add),
     (course_lib.check_relu, relu.relu),
@@ -31,7 +37,7 @@ FINISHED = [
     (course_lib.check_softmax, softmax.softmax),
     (course_lib.check_matmul, matmul.matmul),
     (course_lib.check_conv2d, conv2d.conv2d),
-    (course_lib.check_linear_forward, linear.linear),
+    (course_lib.check_linear_forward, linear_with_z),
     (course_lib.check_linear, linear.linear),
 ]
 
@@ -1326,6 +1332,13 @@ LINEAR_FAMILIES = {
     "count": ["one value per argument of forward"],
     "missing": ["backward must return a gradient"],
     "view": ["has no view of the shape"],
+    "z": ["the z you returned"],
+    "no_z": ["returns a pair (y, z)"],
+    "z_shape": ["z must have y's shape"],
+    "save_order": ["saved the tensors in another order"],
+    "needs": ["ctx.needs_input_grad asks", "forward saved x, which only", "rightly did not save"],
+    "torch_product": ["computed a product with PyTorch"],
+    "dot": ["whose inner side K is under 16"],
 }
 SQUARE = "weight [48, 48]"
 LINEAR_MISTAKES = [
@@ -1377,9 +1390,30 @@ LINEAR_MISTAKES = [
     (broken.linear_autograd_without_function, "float32: grad_weight",
      "the result carries no gradient", {"function"}),
 ]  # fmt: skip
-if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float64 tiles
+Z = "the z of save_z=True"
+LINEAR_MISTAKES += [
+    (broken.linear_forward_z_after_activation, f"activation='gelu', float32: {Z}",
+     "the z you returned holds the activation's output", {"z"}),
+    (broken.linear_forward_z_after_activation, f"activation='relu', float32: {Z}",
+     "the z you returned holds the activation's output", {"z"}),
+    (broken.linear_forward_ignores_save_z, f"activation='relu', float32: {Z}",
+     "returns a pair (y, z)", {"no_z"}),
+    (broken.linear_forward_z_flat, f"(leading dimensions [2, 5]), activation='gelu', float32: {Z}",
+     "z must have y's shape", {"z_shape"}),
+    (broken.linear_autograd_ignores_needs_input_grad, "float32: grad_x, weight and bias frozen",
+     "forward saved x, which only", {"needs"}),
+    (broken.linear_autograd_saved_out_of_order, "float32: grad_weight",
+     "saved the tensors in another order", {"save_order"}),
+    (broken.linear_autograd_torch_grad_weight, "float32: grad_x",
+     "computed a product with PyTorch (mm)", {"torch_product"}),
+]  # fmt: skip
+if runtime.INTERPRETED:  # on a GPU the compile itself refuses the kernel
+    LINEAR_MISTAKES.append((broken.linear_forward_dot_tile_of_8, "(in > out)",
+                            "whose inner side K is under 16", {"dot"}))  # fmt: skip
+if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float64 tiles,
+    # and so does the check in the interpreter, with the compiler's reason
     LINEAR_MISTAKES.append((broken.linear_forward_fp32_accumulator, "float64",
-                            "not to float64's precision", {"float64"}))  # fmt: skip
+                            "a GPU compile refuses your kernel", set()))  # fmt: skip
 
 
 @functools.cache
