@@ -1,7 +1,7 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
-from course_lib.checks.compiled import check_compiled, check_softmax_op
+from course_lib.checks.compiled import check_compiled, check_softmax_backward, check_softmax_op
 from course_lib.checks.conv2d import check_conv2d, check_conv2d_direct
 from course_lib.checks.elementwise import (
     check_axpy,
@@ -44,6 +44,7 @@ __all__ = [
     "check_matmul_grouped",
     "check_relu",
     "check_softmax",
+    "check_softmax_backward",
     "check_softmax_looped",
     "check_softmax_op",
     "check_softmax_persistent",

@@ -191,11 +191,11 @@ HINTS = Hints(
         "kernel's sum over c, r and s with the formula above, one index at a time"
     ),
     wrong_shape=_wrong_shape,
-    raised=lambda kind, message: _raised(kind, message),
+    raised=lambda kind, message: refusal_hint(kind, message),
 )
 
 
-def _raised(kind: str, message: str) -> str | None:
+def refusal_hint(kind: str, message: str) -> str | None:
     """The GPU compiler's refusal, from the interpreter's front end or a GPU's launch."""
     if "Input shapes should have" in message and "K >= " in message:
         return DOT_SIZE_HINT
