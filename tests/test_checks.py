@@ -1416,6 +1416,36 @@ if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float
                             "a GPU compile refuses your kernel", set()))  # fmt: skip
 
 
+PRODUCT_FAMILIES = {
+    "a": ["A's strides are swapped"],
+    "b": ["B's strides are swapped"],
+    "grid": ["the grid misses"],
+    "k": ["Mask the K dimension", "advance the pointers"],
+}
+PRODUCT_MISTAKES = [
+    # lesson 07's product(a, b), checked by lesson 05's check_matmul at the notebook's tiles
+    (broken.product_b_strides_swapped, "(B square, one K step)", "B's strides are swapped", "b"),
+    (broken.product_a_strides_swapped, "(square)", "A's strides are swapped", "a"),
+    (broken.product_grid_floor, "(primes)", "the grid misses", "grid"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "family"),
+    PRODUCT_MISTAKES,
+    ids=[m[0].__name__ for m in PRODUCT_MISTAKES],
+)
+def test_the_product_exercise_is_checked_by_the_matmul_check(fn, case, hint, family):
+    report = _failure(course_lib.check_matmul, fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, {family}, PRODUCT_FAMILIES)
+
+
+def test_a_right_product_at_the_notebooks_tiles_passes_the_matmul_check(capsys):
+    course_lib.check_matmul(broken.product)
+    assert capsys.readouterr().out == "✓ matmul: every case passed\n"
+
+
 @functools.cache
 def _linear_failure(fn) -> str:
     """The report of a failing Linear check, run once for all the tests that read it."""
