@@ -1131,12 +1131,12 @@ def _pair(v):
 
 @triton.jit
 def conv2d_variant_kernel(
-    x_ptr, w_ptr, out_ptr, B, C, H, W, O, OH, OW,
+    x_ptr, w_ptr, out_ptr, bias_ptr, B, C, H, W, O, OH, OW,
     sxb, sxc, sxh, sxw, swo, swc, swr, sws, sob, soc, soh, sow,
     SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_PADDING: tl.constexpr, FLIP: tl.constexpr, WHOLE_C_TILES: tl.constexpr,
-    MASK_X_CHANNELS: tl.constexpr, STORE_AS_MATRIX: tl.constexpr,
+    MASK_X_CHANNELS: tl.constexpr, STORE_AS_MATRIX: tl.constexpr, EPILOGUE: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1172,13 +1172,21 @@ def conv2d_variant_kernel(
                 + ow[:, None] * sow)  # fmt: skip
     if STORE_AS_MATRIX:  # mistake: out stored as the [M, N] matrix of the product
         out_ptrs = out_ptr + offs_m[:, None] * O + offs_n[None, :]
+    if EPILOGUE == "relu first":  # mistake: the ReLU before the bias
+        acc = tl.maximum(acc, 0.0)
+    if EPILOGUE == "bias per pixel":  # mistake: the bias along the tile's rows
+        acc += tl.load(bias_ptr + offs_m, mask=offs_m < O, other=0.0)[:, None]
+    elif EPILOGUE != "" and EPILOGUE != "no bias":
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if EPILOGUE == "bias relu" or EPILOGUE == "bias per pixel" or EPILOGUE == "no bias":
+        acc = tl.maximum(acc, 0.0)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, flip=False,
             whole_c_tiles=False, size_without=None, window_without=None, x_strides="right",
             w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16,
-            mask_x_channels=True, store_as_matrix=False):  # fmt: skip
+            mask_x_channels=True, store_as_matrix=False, bias=None, epilogue=""):  # fmt: skip
     (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     plain = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
@@ -1208,11 +1216,11 @@ def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, fl
     }[w_strides]
     grid = (triton.cdiv(B * OH * OW, 32), triton.cdiv(O, 32))
     conv2d_variant_kernel[grid](
-        x, weight, out, B, C, H, W, O, OH, OW, *sx, *sw, *so,
+        x, weight, out, out if bias is None else bias, B, C, H, W, O, OH, OW, *sx, *sw, *so,
         *in_window["stride"], *in_window["padding"], *in_window["dilation"], KH=KH, KW=KW,
         BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k,
         MASK_PADDING=mask_padding, FLIP=flip, WHOLE_C_TILES=whole_c_tiles,
-        MASK_X_CHANNELS=mask_x_channels, STORE_AS_MATRIX=store_as_matrix,
+        MASK_X_CHANNELS=mask_x_channels, STORE_AS_MATRIX=store_as_matrix, EPILOGUE=epilogue,
     )  # fmt: skip
     return out
 
@@ -1283,6 +1291,26 @@ def conv2d_x_channels_not_masked(x, weight, stride=1, padding=0, dilation=1):
 
 def conv2d_output_stored_as_matrix(x, weight, stride=1, padding=0, dilation=1):
     return _conv2d(x, weight, stride, padding, dilation, store_as_matrix=True)
+
+
+def conv2d_bias_relu(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias relu")
+
+
+def conv2d_bias_relu_relu_first(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="relu first")
+
+
+def conv2d_bias_relu_bias_per_pixel(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias per pixel")
+
+
+def conv2d_bias_relu_no_relu(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias")
+
+
+def conv2d_bias_relu_no_bias(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="no bias")
 
 
 def conv2d_dot_tile_of_8(x, weight, stride=1, padding=0, dilation=1):

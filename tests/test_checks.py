@@ -1226,6 +1226,39 @@ CONV2D_MISTAKES = [
 if runtime.INTERPRETED:  # on a GPU the compile itself refuses the kernel
     CONV2D_MISTAKES.append((broken.conv2d_dot_tile_of_8, "odd image, padding 1",
                             "whose inner side K is under 16", {"dot"}))  # fmt: skip
+CONV2D_BIAS_RELU_FAMILIES = {
+    "missing": ["the bias is missing"],
+    "pixel": ["the bias went along the pixels"],
+    "first": ["the ReLU came before the bias"],
+    "relu": ["the ReLU is missing"],
+}
+CONV2D_BIAS_RELU_MISTAKES = [
+    (broken.conv2d_bias_relu_no_bias, "odd image, padding 1", "the bias is missing", "missing"),
+    (broken.conv2d_bias_relu_bias_per_pixel, "C and O past a tile",
+     "the bias went along the pixels", "pixel"),
+    (broken.conv2d_bias_relu_bias_per_pixel, "odd image, padding 1",
+     "the bias went along the pixels", "pixel"),
+    (broken.conv2d_bias_relu_relu_first, "dilation 2", "the ReLU came before the bias", "first"),
+    (broken.conv2d_bias_relu_no_relu, "channels-last", "the ReLU is missing", "relu"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "family"),
+    CONV2D_BIAS_RELU_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(CONV2D_BIAS_RELU_MISTAKES)],
+)
+def test_conv2d_bias_relu_check_names_the_mistake_and_no_other(fn, case, hint, family):
+    report = _failure(course_lib.check_conv2d_bias_relu, fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, {family}, CONV2D_BIAS_RELU_FAMILIES | CONV2D_FAMILIES)
+
+
+def test_conv2d_bias_relu_check_passes_a_right_kernel_at_the_notebooks_tiles(capsys):
+    course_lib.check_conv2d_bias_relu(broken.conv2d_bias_relu)
+    assert capsys.readouterr().out == "✓ conv2d_bias_relu: every case passed\n"
+
+
 CONV2D_DIRECT_MISTAKES = [
     # the direct kernel, at the notebook's BLOCK_SIZE of 128
     (broken.conv2d_direct_columns_padded_as_rows, "stride 2, padding (2, 1)",

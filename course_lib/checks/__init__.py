@@ -2,7 +2,7 @@
 
 from course_lib.checks.add_2d import check_add_2d
 from course_lib.checks.compiled import check_compiled, check_softmax_backward, check_softmax_op
-from course_lib.checks.conv2d import check_conv2d, check_conv2d_direct
+from course_lib.checks.conv2d import check_conv2d, check_conv2d_bias_relu, check_conv2d_direct
 from course_lib.checks.elementwise import (
     check_axpy,
     check_leaky_relu,
@@ -35,6 +35,7 @@ __all__ = [
     "check_axpy",
     "check_compiled",
     "check_conv2d",
+    "check_conv2d_bias_relu",
     "check_conv2d_direct",
     "check_leaky_relu",
     "check_linear",

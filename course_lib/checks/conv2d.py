@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +135,7 @@ def _params(kwargs: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, 
 
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
     """Name the formula a wrong output shape came from."""
-    x, w = case.inputs
+    x, w = case.inputs[:2]
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     stride, padding, dilation = _params(case.kwargs)
 
@@ -530,3 +531,85 @@ def _refusing(fn: ConvFn) -> ConvFn:
     if not callable(fn):
         return fn  # the engine says what it got
     return gpu_rules.refusing(fn)
+
+
+# --- the fused epilogue: bias and ReLU --------------------------------------------------
+
+CONV_BIAS_MISSING_HINT = (
+    "the bias is missing: load the tile's BLOCK_N values of bias, one per output channel, "
+    "masked with n_ok, and add them to every row of acc before the ReLU"
+)
+CONV_BIAS_PER_PIXEL_HINT = (
+    "the bias went along the pixels: it holds one value per output channel, the tile's "
+    "columns, so load it at bias_ptr + offs_n, masked with n_ok, and add it as bias[None, :]"
+)
+CONV_RELU_FIRST_HINT = (
+    "the ReLU came before the bias: add the bias to acc first, then acc = tl.maximum(acc, 0.0)"
+)
+CONV_NO_RELU_HINT = (
+    "the ReLU is missing: acc = tl.maximum(acc, 0.0) after the bias, before the one store"
+)
+
+
+def _epilogue_mistakes(stride, padding, dilation) -> list[KnownMistake]:
+    def conv(x, w):
+        return F.conv2d(x.double(), w.double(), None, stride, padding, dilation)
+
+    def per_pixel(x, w, b, fill):
+        out = conv(x, w)
+        B, O, OH, OW = out.shape
+        m = torch.arange(B * OH * OW, device=out.device).reshape(B, 1, OH, OW)
+        rows = torch.where(m < O, b.double()[m.clamp(max=O - 1)], fill)
+        return (out + rows).relu()
+
+    return [
+        KnownMistake(lambda x, w, b: conv(x, w).relu(), CONV_BIAS_MISSING_HINT),
+        KnownMistake(lambda x, w, b: per_pixel(x, w, b, 0.0), CONV_BIAS_PER_PIXEL_HINT),
+        KnownMistake(lambda x, w, b: per_pixel(x, w, b, math.nan), CONV_BIAS_PER_PIXEL_HINT),
+        KnownMistake(
+            lambda x, w, b: conv(x, w).relu() + b.double()[:, None, None], CONV_RELU_FIRST_HINT
+        ),
+        KnownMistake(lambda x, w, b: conv(x, w) + b.double()[:, None, None], CONV_NO_RELU_HINT),
+    ]
+
+
+def _bias_relu_cases(seed: int) -> list[Case]:
+    generator = case_generator(seed)
+
+    def case(label, x_shape, w_shape, dtype=torch.float32, channels_last=False, **kwargs):
+        base = _case(generator, label, x_shape, w_shape, dtype, channels_last, **kwargs)
+        x, w = base.inputs
+        K = w_shape[1] * w_shape[2] * w_shape[3]
+        # a bias as large as the sums, so that one left out, or misplaced, shows
+        bias = random_input(generator, (w_shape[0],), dtype, scale=math.sqrt(K) / 2)
+        stride, padding, dilation = _params(kwargs)
+
+        def reference(x, w, b):
+            out = F.conv2d(x.double(), w.double(), b.double(), stride, padding, dilation)
+            return out.relu().to(x.dtype)
+
+        mistakes = [*_epilogue_mistakes(stride, padding, dilation)]
+        mistakes += [KnownMistake(lambda x, w, b, m=m: m.compute(x, w).relu(), m.hint)
+                     for m in base.mistakes]  # fmt: skip
+        return replace(base, inputs=(x, w, bias), reference=reference, mistakes=mistakes,
+                       input_names=("x", "weight", "bias"))  # fmt: skip
+
+    cases = [
+        case("odd image, padding 1", (1, 3, 13, 11), (3, 3, 3, 3), padding=1),
+        case("C and O past a tile", (1, 37, 6, 5), (19, 37, 3, 3), padding=1),
+        case("stride 2, padding (2, 1)", (1, 2, 12, 9), (2, 2, 5, 5), stride=2, padding=(2, 1)),
+        case("dilation 2", (1, 4, 11, 10), (5, 4, 3, 3), padding=2, dilation=2),
+        case("channels-last", (2, 3, 9, 8), (2, 3, 3, 3), channels_last=True, padding=1),
+    ]
+    for dtype in runtime.DTYPES[1:]:
+        cases.append(case("3x3", (1, 33, 7, 9), (10, 33, 3, 3), dtype, padding=1,
+                          channels_last=True))  # fmt: skip
+    return cases
+
+
+def check_conv2d_bias_relu(fn: ConvFn) -> CheckResult:
+    """Check `fn(x, weight, bias, stride=1, padding=0, dilation=1)`, your implicit GEMM with
+    the bias and a ReLU fused into its epilogue, for lesson 06, against
+    relu(conv2d(x, weight, bias)) computed in float64."""
+    return run_check("conv2d_bias_relu", _refusing(fn), _bias_relu_cases(63), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=False))  # fmt: skip
