@@ -1710,3 +1710,53 @@ linear_autograd_torch_grad_weight = _linear_function(
 def linear_autograd_without_function(x, weight, bias=None, activation=None):
     """The belief that a Triton kernel differentiates itself: it does not."""
     return linear_forward(x, weight, bias, activation)
+
+
+# --- lesson 08: torch.compile --------------------------------------------------------------
+
+
+@triton.jit
+def softmax_backward_variant_kernel(
+    y_ptr, g_ptr, out_ptr, n_cols, stride_ym, stride_yn, stride_gm, stride_gn, stride_out,
+    BLOCK_SIZE: tl.constexpr, MISTAKE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row * stride_ym + cols * stride_yn, mask=mask, other=0.0).to(tl.float32)
+    if MISTAKE == "g read with y's strides":
+        g_ptrs = g_ptr + row * stride_ym + cols * stride_yn
+    else:
+        g_ptrs = g_ptr + row * stride_gm + cols * stride_gn
+    g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if MISTAKE == "diagonal":  # mistake: the Jacobian's diagonal alone
+        grad = y * (1.0 - y) * g
+    elif MISTAKE == "no factor y":
+        grad = g - tl.sum(g * y, axis=0)
+    else:
+        grad = y * (g - tl.sum(g * y, axis=0))
+    tl.store(out_ptr + row * stride_out + cols, grad.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_backward_launch(y, grad_y, mistake=""):
+    n_rows, n_cols = y.shape
+    out = torch.empty((n_rows, n_cols), dtype=y.dtype, device=y.device)
+    softmax_backward_variant_kernel[(n_rows,)](
+        y, grad_y, out, n_cols, *y.stride(), *grad_y.stride(), out.stride(0),
+        BLOCK_SIZE=triton.next_power_of_2(n_cols), MISTAKE=mistake,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def add_into_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def add_into_launch(x, y, out):
+    n_elements = out.numel()
+    add_into_kernel[(triton.cdiv(n_elements, 1024),)](x, y, out, n_elements, BLOCK_SIZE=1024)

@@ -1,7 +1,12 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
-from course_lib.checks.compiled import check_compiled, check_softmax_backward, check_softmax_op
+from course_lib.checks.compiled import (
+    check_add_into,
+    check_compiled,
+    check_softmax_backward,
+    check_softmax_op,
+)
 from course_lib.checks.conv2d import check_conv2d, check_conv2d_bias_relu, check_conv2d_direct
 from course_lib.checks.elementwise import (
     check_axpy,
@@ -32,6 +37,7 @@ __all__ = [
     "ExerciseNotDone",
     "Problem",
     "check_add_2d",
+    "check_add_into",
     "check_axpy",
     "check_compiled",
     "check_conv2d",

@@ -7,6 +7,7 @@ an operator, through the engine: each stage of the operator's life (eager, check
 torch.library.opcheck, compiled, compiled for dynamic shapes) is a case.
 `check_softmax_backward(op)` grades the second: the softmax's backward as an operator of
 its own, and the gradient it gives lesson08::softmax once registered as its backward.
+`check_add_into(op)` grades the third: an operator that writes into an argument.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from course_lib.checks.engine import (
     CheckFailed,
     CheckResult,
     ExerciseNotDone,
+    Hints,
     KnownMistake,
     Problem,
     case_generator,
@@ -620,3 +622,120 @@ def _refine_backward(cases, results: list[CaseResult]) -> None:
     for result in results:
         if found and not result.passed and result.hint == BACKWARD_HINTS.wrong_values:
             result.hint = found
+
+
+# -- check_add_into -----------------------------------------------------------------------
+
+
+class UndeclaredMutation(RuntimeError):
+    """The operator writes into an argument its schema does not declare as mutated."""
+
+
+class ReturnsAValue(TypeError):
+    """An operator that writes its result into `out` returned something."""
+
+
+UNDECLARED_HINT = (
+    "the operator writes into out, and its schema does not say so: declare it with "
+    'mutates_args=("out",). A compiler believes the schema: an operator that returns nothing '
+    "and mutates nothing does nothing, and compiled code drops the call"
+)
+RETURNS_A_VALUE_HINT = (
+    "an operator that writes its result into out returns nothing: annotate it -> None and "
+    "return nothing; returning out would make its output an alias of an input"
+)
+ADD_INTO_OPERATOR_HINT = (
+    'register_add_into must return the operator: custom_op("lesson08::add_into", '
+    "mutates_args=...)(add_into_impl), with its fake registered, not the plain function"
+)
+
+
+def _add_into_raised(kind: str, message: str) -> str | None:
+    own = {
+        UndeclaredMutation.__name__: UNDECLARED_HINT,
+        ReturnsAValue.__name__: RETURNS_A_VALUE_HINT,
+        NotAnOperator.__name__: ADD_INTO_OPERATOR_HINT,
+    }
+    return own.get(kind) or _raised(kind, message)
+
+
+ADD_INTO_HINTS = dataclasses.replace(Hints(), raised=_add_into_raised)
+
+
+def _run_add_into(operator: Callable, stage: str) -> Callable:
+    def run(x, y):
+        op = operator()
+        if not _is_operator(op):
+            raise NotAnOperator(f"register_add_into returned a plain {type(op).__name__}")
+        out = torch.empty_like(x)
+        if stage == "eager":
+            if op(x, y, out) is not None:
+                raise ReturnsAValue("add_into returned a value")
+            return out
+        try:
+            with _tracing_safely():
+                if stage == "opcheck":
+                    torch.library.opcheck(op, (x, y, out), test_utils=OPCHECK_TESTS)
+                    op(x, y, out)
+                    return out
+
+                def add_twice(x, y):
+                    out = torch.empty_like(x)
+                    op(x, y, out)
+                    return out * 2
+
+                torch.compiler.reset()
+                compiled = torch.compile(add_twice, fullgraph=True, backend=runtime.COMPILE_BACKEND)
+                return compiled(x, y) / 2
+        except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
+            if "not defined as mutable but was mutated" in str(error):
+                raise UndeclaredMutation(_first_line(str(error))) from None
+            explained = _explained(error)
+            if explained is error:
+                raise
+            raise explained from None
+
+    return run
+
+
+def check_add_into(register: Callable) -> CheckResult:
+    """Check `register()`, which registers your addition into an output as
+    lesson08::add_into(x, y, out) and returns the operator (or the operator itself), for
+    lesson 08: its values, its schema and fake (torch.library.opcheck), and a function that
+    calls it on a tensor it allocates, compiled with fullgraph=True."""
+    if not callable(register):
+        raise TypeError(f"check_add_into expects your function, got {type(register).__name__}")
+    registered = []
+
+    def operator():
+        if not registered:  # once: registering again would replace the operator
+            registered.append(register if _is_operator(register) else register())
+        return registered[0]
+
+    gen = case_generator(10)
+    pair = lambda n: (random_input(gen, (n,)), random_input(gen, (n,)))  # noqa: E731
+    cases = [
+        Case("eager: 1 element", pair(1), kwargs={"stage": "eager"}),
+        Case("eager: 1000 elements, not a multiple of the block", pair(1000),
+             kwargs={"stage": "eager"}),
+        Case("torch.library.opcheck: the schema and the fake", pair(300),
+             kwargs={"stage": "opcheck"}),
+        Case("torch.compile(fullgraph=True): a function that allocates out, calls the "
+             "operator and reads out", pair(777), kwargs={"stage": "compiled"},
+             expects_launch=False),
+    ]  # fmt: skip
+    runs = {stage: _run_add_into(operator, stage) for stage in ("eager", "opcheck", "compiled")}
+
+    def run(x, y, stage: str = "eager"):
+        return runs[stage](x, y)
+
+    return run_check("add_into", run, cases, torch.add, (), ADD_INTO_HINTS, _refine_add_into)
+
+
+def _refine_add_into(cases, results: list[CaseResult]) -> None:
+    """An undeclared mutation shows in opcheck; compiled, it shows only as wrong values."""
+    if any(r.hint == UNDECLARED_HINT for r in results):
+        for result in results:
+            vague = (Hints().wrong_values, Hints().zeros, Hints().read_past_end)
+            if not result.passed and result.hint in vague:
+                result.hint = UNDECLARED_HINT
