@@ -1612,6 +1612,8 @@ def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", gr
                 ctx.save_for_backward(x2d, kept, z, y)
             ctx.activation, ctx.x_shape, ctx.has_bias = activation, x.shape, bias is not None
             ctx.needs = (needs_x, needs_weight, ctx.needs_input_grad[2] or needs == "ignored")
+            if needs == "saved only":  # mistake: saved as asked, every gradient computed
+                ctx.needs = (True, True, True)
             return y
 
         @staticmethod
@@ -1694,6 +1696,11 @@ linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradie
 
 linear_autograd_ignores_needs_input_grad = _linear_function(
     "linear_autograd_ignores_needs_input_grad", needs="ignored"
+)
+
+
+linear_autograd_computes_every_gradient = _linear_function(
+    "linear_autograd_computes_every_gradient", needs="saved only"
 )
 
 

@@ -1435,6 +1435,8 @@ LINEAR_MISTAKES += [
      "z must have y's shape", {"z_shape"}),
     (broken.linear_autograd_ignores_needs_input_grad, "float32: grad_x, weight and bias frozen",
      "forward saved x, which only", {"needs"}),
+    (broken.linear_autograd_computes_every_gradient, "float32: grad_x, weight and bias frozen",
+     "rightly did not save", {"needs"}),
     (broken.linear_autograd_saved_out_of_order, "float32: grad_weight",
      "saved the tensors in another order", {"save_order"}),
     (broken.linear_autograd_torch_grad_weight, "float32: grad_x",
