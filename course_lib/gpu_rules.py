@@ -35,6 +35,11 @@ _FIXES = (
         "(x.to(tl.float32)) and convert back when you store",
     ),
     (
+        "Input shapes should have",
+        "every tl.dot on a GPU needs its inner side K (BLOCK_K) at least 16, 32 for 8-bit "
+        "inputs; its M and N may be smaller, though the tensor cores then compute padding",
+    ),
+    (
         "Boolean value of Tensor with more than one value is ambiguous",
         "a Python `if` (or `and`, `or`, `not`) needs one scalar; for a block, choose per "
         "element with tl.where(condition, a, b) or mask the load and store",
@@ -46,10 +51,50 @@ class GPUCompileWarning(UserWarning):
     """The interpreter ran a kernel that a GPU compile of it would refuse."""
 
 
+class GPURefused(RuntimeError):
+    """A check's call launched a kernel that a GPU compile would refuse."""
+
+
+def refusing(fn):
+    """fn, raising GPURefused with the compiler's reason after a call whose kernels a GPU
+    would not compile: what a checker wraps a learner's launcher in, in the interpreter."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with refusals() as found:
+            out = fn(*args, **kwargs)
+        if found:
+            raise GPURefused(found[0])
+        return out
+
+    return run
+
+
 # every (kernel, signature) warns once: a checker launches the same kernel many times
 warnings.simplefilter("always", GPUCompileWarning)
 _seen: set = set()
 _enabled = True
+# what the compiler said about each (kernel, signature) it refused, for refusals()
+_refused: dict = {}
+_collectors: list[list[str]] = []
+
+
+@contextlib.contextmanager
+def refusals():
+    """Collect the refusal of every launch inside the block, warned before or not: a
+    checker fails a kernel that a GPU would not compile, though the interpreter runs it."""
+    found: list[str] = []
+    _collectors.append(found)
+    try:
+        yield found
+    finally:
+        _collectors.remove(found)
+
+
+def _report(message: str) -> None:
+    for found in _collectors:
+        if message not in found:
+            found.append(message)
 
 
 def check_launch(fn, args: tuple, kwargs: dict) -> None:
@@ -66,6 +111,8 @@ def check_launch(fn, args: tuple, kwargs: dict) -> None:
         except Exception:
             return  # an argument the signature builder does not know: nothing to say
         if key in _seen:
+            if key in _refused:
+                _report(_refused[key])
             return
         _seen.add(key)
         try:
@@ -79,6 +126,8 @@ def check_launch(fn, args: tuple, kwargs: dict) -> None:
             _enabled = False  # internals differ in this Triton: stay quiet from now on
             return
     message = _message(fn, refused)
+    _refused[key] = message
+    _report(message)
     if (fn, message) not in _seen:  # the same refusal at another dtype says nothing new
         _seen.add((fn, message))
         warnings.warn(message, GPUCompileWarning, stacklevel=_launch_level())
@@ -202,11 +251,26 @@ def _make_ir(source_and_options) -> None:
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
+    codegen = dict(backend.get_codegen_implementation(options))
+    if "min_dot_size" in codegen:
+        codegen["min_dot_size"] = _oldest_dot_size(codegen["min_dot_size"])
     with _library_as_jit():
         source.make_ir(
             GPUTarget(*_TARGET),
             options,
-            backend.get_codegen_implementation(options),
+            codegen,
             backend.get_module_map(),
             context,
         )
+
+
+def _oldest_dot_size(newest):
+    """tl.dot's least sizes [m, n, k] as the strictest supported Triton sets them: 3.6 (the
+    GPU's) asks K >= 16 of every dtype but 8-bit (32), where 3.9 lets float32 through at 8."""
+
+    def least(lhs_type, rhs_type):
+        m, n, k = newest(lhs_type, rhs_type)
+        bits = lhs_type.scalar.primitive_bitwidth
+        return m, n, max(k, 32 if bits == 8 else 16)
+
+    return least

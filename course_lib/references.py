@@ -67,6 +67,14 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
+def softmax_backward(y: torch.Tensor, grad_y: torch.Tensor) -> torch.Tensor:
+    """The gradient of softmax's input for y = softmax(x) [M, N] and the gradient of y:
+    y * (grad_y - sum(grad_y * y)) along each row, in float64, rounded to y's dtype.
+    Reads 2·M·N elements, writes M·N."""
+    y64, g64 = y.double(), grad_y.double()
+    return (y64 * (g64 - (g64 * y64).sum(dim=-1, keepdim=True))).to(y.dtype)
+
+
 def softmax_unfused(x: torch.Tensor) -> torch.Tensor:
     """The same softmax as five separate PyTorch ops, to count what fusion saves.
 

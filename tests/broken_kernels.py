@@ -11,6 +11,9 @@ import triton.language as tl
 
 from course_lib import references, runtime
 
+# --- lesson 01: vector add and axpy -------------------------------------------------------
+
+
 BLOCK_SIZE = 128
 
 
@@ -115,46 +118,6 @@ def add_zero_output(x, y):
 
 
 @triton.jit
-def relu_identity_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)  # no max
-
-
-@triton.jit
-def relu_min_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(out_ptr + offsets, tl.minimum(x, 0.0), mask=mask)  # min instead of max
-
-
-@triton.jit
-def relu_no_mask_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    x = tl.load(x_ptr + offsets, mask=offsets < n_elements)
-    tl.store(out_ptr + offsets, tl.maximum(x, 0.0))  # no mask
-
-
-def _relu_launch(kernel, x):
-    out = torch.empty_like(x)
-    kernel[(triton.cdiv(x.numel(), BLOCK_SIZE),)](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
-    return out
-
-
-def relu_identity(x):
-    return _relu_launch(relu_identity_kernel, x)
-
-
-def relu_minimum(x):
-    return _relu_launch(relu_min_kernel, x)
-
-
-def relu_without_mask(x):
-    return _relu_launch(relu_no_mask_kernel, x)
-
-
-@triton.jit
 def add_no_masks_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.load(y_ptr + offsets))  # no masks
@@ -162,230 +125,6 @@ def add_no_masks_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.conste
 
 def add_without_any_mask(x, y):
     return _launch(add_no_masks_kernel, x, y)
-
-
-# --- lesson 03: 2-D add -------------------------------------------------------------------
-
-BLOCK_M, BLOCK_N = 16, 32
-
-
-@triton.jit
-def add_2d_kernel(
-    x_ptr, y_ptr, out_ptr, M, N, sxm, sxn, sym, syn, som, son,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SWAP_AXES: tl.constexpr, ROW_MASK_ONLY: tl.constexpr,
-):  # fmt: skip
-    if SWAP_AXES:  # mistake: rows taken from the grid's second axis
-        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
-    else:
-        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if ROW_MASK_ONLY:  # mistake: the columns of the right-most tiles are not masked
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] >= 0)
-    else:
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offs_m[:, None] * sxm + offs_n[None, :] * sxn, mask=mask)
-    y = tl.load(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, mask=mask)
-    tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :] * son, x + y, mask=mask)
-
-
-def _add_2d(x, y, *, strides=None, swap=False, row_mask_only=False, floor_grid=False,
-            tiles=(BLOCK_M, BLOCK_N), out=None):  # fmt: skip
-    M, N = x.shape
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
-    div = (lambda a, b: max(a // b, 1)) if floor_grid else triton.cdiv
-    grid = (div(M, tiles[0]), div(N, tiles[1]))
-    strides = strides or (*x.stride(), *y.stride())
-    add_2d_kernel[grid](x, y, out, M, N, *strides, *out.stride(), BLOCK_M=tiles[0],
-                        BLOCK_N=tiles[1], SWAP_AXES=swap, ROW_MASK_ONLY=row_mask_only)  # fmt: skip
-    return out
-
-
-def add_2d_assumes_contiguous(x, y):
-    N = x.shape[1]
-    return _add_2d(x, y, strides=(N, 1, N, 1))
-
-
-def add_2d_swapped_axes(x, y):
-    return _add_2d(x, y, swap=True)
-
-
-def add_2d_row_mask_only(x, y):
-    return _add_2d(x, y, row_mask_only=True)
-
-
-def add_2d_grid_floor(x, y):
-    return _add_2d(x, y, floor_grid=True)
-
-
-# --- lesson 04: softmax -------------------------------------------------------------------
-
-
-@triton.jit
-def softmax_kernel(
-    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
-    BLOCK_SIZE: tl.constexpr, PAD: tl.constexpr, SUBTRACT_MAX: tl.constexpr,
-    TENSOR_MASK: tl.constexpr = False, HALF_SUM: tl.constexpr = False,
-):  # fmt: skip
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
-    load_mask = mask
-    if TENSOR_MASK:  # mistake: the mask keeps the block inside the tensor, not the row
-        load_mask = row * stride_x + cols < n_rows * n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=load_mask, other=PAD).to(tl.float32)
-    if SUBTRACT_MAX:
-        x = x - tl.max(x, axis=0)
-    numerator = tl.exp(x)
-    if HALF_SUM:  # mistake: the exponentials, and so their sum, kept in float16
-        numerator = numerator.to(tl.float16)
-    out = numerator / tl.sum(numerator, axis=0)
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def _softmax(x, *, block=None, pad=-float("inf"), subtract_max=True, row_stride=None,
-             tensor_mask=False, half_sum=False):  # fmt: skip
-    n_rows, n_cols = x.shape
-    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    block = block or triton.next_power_of_2(n_cols)
-    stride = row_stride if row_stride is not None else x.stride(0)
-    softmax_kernel[(n_rows,)](x, out, n_rows, n_cols, stride, out.stride(0), BLOCK_SIZE=block,
-                              PAD=pad, SUBTRACT_MAX=subtract_max, TENSOR_MASK=tensor_mask,
-                              HALF_SUM=half_sum)  # fmt: skip
-    return out
-
-
-def softmax_fixed_block_256(x):
-    return _softmax(x, block=256)  # the seed's pitfall: right only for rows of <= 256
-
-
-def softmax_zero_padding(x):
-    return _softmax(x, pad=0.0)
-
-
-def softmax_no_max_subtraction(x):
-    return _softmax(x, subtract_max=False)
-
-
-def softmax_ignores_row_stride(x):
-    return _softmax(x, row_stride=x.shape[1])
-
-
-@triton.jit
-def softmax_columns_kernel(
-    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    rows = tl.arange(0, ROWS)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
-    numerator = tl.exp(x.to(tl.float32) - tl.max(x.to(tl.float32), axis=0)[None, :])
-    out = numerator / tl.sum(numerator, axis=0)[None, :]  # mistake: axis 0, the columns
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
-
-
-def softmax_over_columns(x):
-    # a block of columns per program: a transposed one-row-per-program launch would take a
-    # program per column, 70,001 of them on the float16 case, minutes in the interpreter
-    n_rows, n_cols = x.shape
-    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    softmax_columns_kernel[(triton.cdiv(n_cols, 128),)](
-        x, out, n_rows, n_cols, x.stride(0), out.stride(0),
-        ROWS=triton.next_power_of_2(n_rows), BLOCK_N=128,
-    )  # fmt: skip
-    return out
-
-
-# --- lesson 05: matmul --------------------------------------------------------------------
-
-
-@triton.jit
-def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    MASK_K: tl.constexpr, ADVANCE: tl.constexpr, FP16_ACC: tl.constexpr, MASK_STORE: tl.constexpr,
-    SWAP_B_IN_FORMULA: tl.constexpr = False,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
-    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
-    if SWAP_B_IN_FORMULA:  # mistake: B's strides exchanged in the pointers, not in the advance
-        b_ptrs = b_ptr + offs_k[:, None] * sbn + offs_n[None, :] * sbk
-    if FP16_ACC:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # mistake: half accumulator
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k * BLOCK_K
-        if not MASK_K:  # mistake: the last K step reads past the end
-            k_mask = offs_k >= 0
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
-        acc += tl.dot(a, b).to(acc.dtype)
-        if ADVANCE:
-            a_ptrs += BLOCK_K * sak
-            b_ptrs += BLOCK_K * sbk
-    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
-    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if not MASK_STORE:  # mistake: edge tiles write past the matrix
-        c_mask = offs_m[:, None] >= 0
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
-
-
-def _matmul(a, b, *, mask_k=True, advance=True, fp16_acc=False, mask_store=True,
-            out_dtype=None, swap_a=False, swap_b_in_formula=False, tiles=(32, 32, 32)):  # fmt: skip
-    M, K = a.shape
-    N = b.shape[1]
-    c = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
-    sa = a.stride()[::-1] if swap_a else a.stride()
-    block_m, block_n, block_k = tiles
-    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
-    matmul_kernel[grid](a, b, c, M, N, K, *sa, *b.stride(), *c.stride(), BLOCK_M=block_m,
-                        BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=mask_k, ADVANCE=advance,
-                        FP16_ACC=fp16_acc, MASK_STORE=mask_store,
-                        SWAP_B_IN_FORMULA=swap_b_in_formula)  # fmt: skip
-    return c
-
-
-def matmul_without_k_mask(a, b):
-    return _matmul(a, b, mask_k=False)
-
-
-def matmul_pointers_not_advanced(a, b):
-    return _matmul(a, b, advance=False)
-
-
-def matmul_fp16_accumulator(a, b):
-    return _matmul(a, b, fp16_acc=a.dtype != torch.float32)
-
-
-def matmul_fp32_output(a, b):
-    return _matmul(a, b, out_dtype=torch.float32)
-
-
-def matmul_without_store_mask(a, b):
-    return _matmul(a, b, mask_store=False)
-
-
-def matmul_swapped_a_strides(a, b):
-    return _matmul(a, b, swap_a=True)
-
-
-def matmul_b_strides_swapped_in_formula(a, b):
-    return _matmul(a, b, swap_b_in_formula=True, tiles=(16, 16, 16))
-
-
-def matmul_b_strides_swapped_in_formula_notebook_tiles(a, b):
-    tiles = runtime.by_mode(gpu=(128, 128, 32), interpreter=(32, 32, 32))  # lesson 05's
-    return _matmul(a, b, swap_b_in_formula=True, tiles=tiles)
 
 
 @triton.jit
@@ -429,7 +168,7 @@ def add_writes_into_x(x, y):
     return _shifted(x, y, into_x=True)
 
 
-# --- mistakes whose hints must not point at the wrong fix ---------------------------------
+# mistakes whose hints must not point at the wrong fix
 
 
 @triton.jit
@@ -455,60 +194,6 @@ def add_grid_too_small_notebook_block(x, y):
     out = torch.empty_like(x)
     add_kernel[(x.numel() // 1024 or 1,)](x, y, out, x.numel(), BLOCK_SIZE=1024)
     return out
-
-
-@triton.jit
-def relu_nan_to_zero_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(out_ptr + offsets, tl.where(x > 0.0, x, 0.0), mask=mask)  # NaN > 0 is False
-
-
-def relu_nan_to_zero(x):
-    return _relu_launch(relu_nan_to_zero_kernel, x)
-
-
-def relu_grid_for_one_block_size(x, BLOCK_SIZE=1024):  # noqa: N803  (the lesson's name)
-    out = torch.empty_like(x)
-    grid = (triton.cdiv(x.numel(), 1024),)  # mistake: the grid ignores BLOCK_SIZE
-    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
-    return out
-
-
-@triton.jit
-def relu_nan_keeping_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask)
-    out = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
-    tl.store(out_ptr + offsets, out, mask=mask)
-
-
-def add_2d_swapped_axes_notebook_tiles(x, y):
-    return _add_2d(x, y, swap=True, tiles=(32, 128))  # lesson 03's tiles
-
-
-def add_2d_swapped_x_strides(x, y, tiles=(BLOCK_M, BLOCK_N)):
-    return _add_2d(x, y, strides=(*x.stride()[::-1], *y.stride()), tiles=tiles)
-
-
-def add_2d_swapped_x_strides_notebook_tiles(x, y):
-    return add_2d_swapped_x_strides(x, y, tiles=(32, 128))
-
-
-def add_2d_output_like_x(x, y):
-    return _add_2d(x, y, out=torch.empty_like(x))  # keeps a transposed x's strides
-
-
-def relu_nan_keeping_launcher(x, BLOCK_SIZE=1024):  # noqa: N803  (right: the grid follows it)
-    out = torch.empty_like(x)
-    grid = (triton.cdiv(x.numel(), BLOCK_SIZE),)
-    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
-    return out
-
-
-# --- lesson 01: axpy ----------------------------------------------------------------------
 
 
 @triton.jit
@@ -577,7 +262,85 @@ def axpy_grid_floor(alpha, x, y):
     return _axpy(alpha, x, y, floor_grid=True)
 
 
-# --- lesson 02: an autotuned leaky ReLU -----------------------------------------------------
+# --- lesson 02: ReLU and an autotuned leaky ReLU ------------------------------------------
+
+
+@triton.jit
+def relu_identity_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)  # no max
+
+
+@triton.jit
+def relu_min_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, tl.minimum(x, 0.0), mask=mask)  # min instead of max
+
+
+@triton.jit
+def relu_no_mask_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    x = tl.load(x_ptr + offsets, mask=offsets < n_elements)
+    tl.store(out_ptr + offsets, tl.maximum(x, 0.0))  # no mask
+
+
+def _relu_launch(kernel, x):
+    out = torch.empty_like(x)
+    kernel[(triton.cdiv(x.numel(), BLOCK_SIZE),)](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
+    return out
+
+
+def relu_identity(x):
+    return _relu_launch(relu_identity_kernel, x)
+
+
+def relu_minimum(x):
+    return _relu_launch(relu_min_kernel, x)
+
+
+def relu_without_mask(x):
+    return _relu_launch(relu_no_mask_kernel, x)
+
+
+# mistakes whose hints must not point at the wrong fix
+
+
+@triton.jit
+def relu_nan_to_zero_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, tl.where(x > 0.0, x, 0.0), mask=mask)  # NaN > 0 is False
+
+
+def relu_nan_to_zero(x):
+    return _relu_launch(relu_nan_to_zero_kernel, x)
+
+
+def relu_grid_for_one_block_size(x, BLOCK_SIZE=1024):  # noqa: N803  (the lesson's name)
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), 1024),)  # mistake: the grid ignores BLOCK_SIZE
+    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
+    return out
+
+
+@triton.jit
+def relu_nan_keeping_kernel(x_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    out = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(out_ptr + offsets, out, mask=mask)
+
+
+def relu_nan_keeping_launcher(x, BLOCK_SIZE=1024):  # noqa: N803  (right: the grid follows it)
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.numel(), BLOCK_SIZE),)
+    relu_nan_keeping_kernel[grid](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE)
+    return out
 
 
 @triton.jit
@@ -600,9 +363,13 @@ def leaky_relu_kernel(x_ptr, out_ptr, n_elements, negative_slope, BLOCK_SIZE: tl
 
 
 LEAKY_RELU_CONFIGS = [triton.Config({"BLOCK_SIZE": 512}, num_warps=4)]
+
+
 leaky_relu_autotuned = triton.autotune(configs=LEAKY_RELU_CONFIGS, key=["n_elements"])(
     leaky_relu_kernel
 )
+
+
 # several configs: right on a GPU, and refused in the interpreter, which cannot time them
 leaky_relu_many_configs = triton.autotune(
     configs=[triton.Config({"BLOCK_SIZE": 256}), triton.Config({"BLOCK_SIZE": 1024})],
@@ -664,9 +431,84 @@ def leaky_relu_not_autotuned(x, negative_slope=0.01):
     return out
 
 
-# --- lesson 03: transpose -----------------------------------------------------------------
+# --- lesson 03: 2-D add and transpose -----------------------------------------------------
+
+
+BLOCK_M, BLOCK_N = 16, 32
+
+
+@triton.jit
+def add_2d_kernel(
+    x_ptr, y_ptr, out_ptr, M, N, sxm, sxn, sym, syn, som, son,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SWAP_AXES: tl.constexpr, ROW_MASK_ONLY: tl.constexpr,
+):  # fmt: skip
+    if SWAP_AXES:  # mistake: rows taken from the grid's second axis
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ROW_MASK_ONLY:  # mistake: the columns of the right-most tiles are not masked
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] >= 0)
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    x = tl.load(x_ptr + offs_m[:, None] * sxm + offs_n[None, :] * sxn, mask=mask)
+    y = tl.load(y_ptr + offs_m[:, None] * sym + offs_n[None, :] * syn, mask=mask)
+    tl.store(out_ptr + offs_m[:, None] * som + offs_n[None, :] * son, x + y, mask=mask)
+
+
+def _add_2d(x, y, *, strides=None, swap=False, row_mask_only=False, floor_grid=False,
+            tiles=(BLOCK_M, BLOCK_N), out=None):  # fmt: skip
+    M, N = x.shape
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
+    div = (lambda a, b: max(a // b, 1)) if floor_grid else triton.cdiv
+    grid = (div(M, tiles[0]), div(N, tiles[1]))
+    strides = strides or (*x.stride(), *y.stride())
+    add_2d_kernel[grid](x, y, out, M, N, *strides, *out.stride(), BLOCK_M=tiles[0],
+                        BLOCK_N=tiles[1], SWAP_AXES=swap, ROW_MASK_ONLY=row_mask_only)  # fmt: skip
+    return out
+
+
+def add_2d_assumes_contiguous(x, y):
+    N = x.shape[1]
+    return _add_2d(x, y, strides=(N, 1, N, 1))
+
+
+def add_2d_swapped_axes(x, y):
+    return _add_2d(x, y, swap=True)
+
+
+def add_2d_row_mask_only(x, y):
+    return _add_2d(x, y, row_mask_only=True)
+
+
+def add_2d_grid_floor(x, y):
+    return _add_2d(x, y, floor_grid=True)
+
+
+# mistakes whose hints must not point at the wrong fix
+
+
+def add_2d_swapped_axes_notebook_tiles(x, y):
+    return _add_2d(x, y, swap=True, tiles=(32, 128))  # lesson 03's tiles
+
+
+def add_2d_swapped_x_strides(x, y, tiles=(BLOCK_M, BLOCK_N)):
+    return _add_2d(x, y, strides=(*x.stride()[::-1], *y.stride()), tiles=tiles)
+
+
+def add_2d_swapped_x_strides_notebook_tiles(x, y):
+    return add_2d_swapped_x_strides(x, y, tiles=(32, 128))
+
+
+def add_2d_output_like_x(x, y):
+    return _add_2d(x, y, out=torch.empty_like(x))  # keeps a transposed x's strides
+
 
 TRANSPOSE_TILES = (16, 32)  # smaller than lesson 03's 32 x 128, and not square either
+
+
 NOTEBOOK_TILES = (32, 128)  # lesson 03's BLOCK_M, BLOCK_N
 
 
@@ -792,178 +634,84 @@ def transpose_grid_floor_columns(x):
     return _floor_grid(x, rows=False, columns=True)
 
 
-# --- lesson 05: grouped program order and the fused epilogue ------------------------------
-
-MATMUL_TILE = 32  # BLOCK_M = BLOCK_N = BLOCK_K, the interpreter's tile in lesson 05
+# --- lesson 04: softmax -------------------------------------------------------------------
 
 
 @triton.jit
-def _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n,
-                 BLOCK_K: tl.constexpr):  # fmt: skip
-    """The float32 product of rows offs_m of A and columns offs_n of B."""
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
-    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
-    acc = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_mask = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * sak
-        b_ptrs += BLOCK_K * sbk
-    return acc
-
-
-@triton.jit
-def grouped_matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    MAPPING: tl.constexpr,
+def softmax_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
+    BLOCK_SIZE: tl.constexpr, PAD: tl.constexpr, SUBTRACT_MAX: tl.constexpr,
+    TENSOR_MASK: tl.constexpr = False, HALF_SUM: tl.constexpr = False,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    if MAPPING == "first row not scaled":  # mistake: groups start GROUP_M times too close
-        first_pid_m = pid // num_pid_in_group
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    if MAPPING == "full last group":  # mistake: the last group walked as if it were full
-        group_size_m = GROUP_M + 0 * num_pid_m
-    within = pid % num_pid_in_group
-    pid_m = first_pid_m + within % group_size_m
-    pid_n = within // group_size_m
-    if MAPPING == "% and // exchanged":  # mistake
-        pid_m = first_pid_m + within // group_size_m
-        pid_n = within % group_size_m
-    if MAPPING == "exchanged":  # mistake: the right values, each in the other's place
-        pid_m, pid_n = pid_n, pid_m
-    if MAPPING == "row-major":  # mistake: lesson 05's first kernel's order
-        pid_m = pid // num_pid_n
-        pid_n = pid % num_pid_n
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
-    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    load_mask = mask
+    if TENSOR_MASK:  # mistake: the mask keeps the block inside the tensor, not the row
+        load_mask = row * stride_x + cols < n_rows * n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=load_mask, other=PAD).to(tl.float32)
+    if SUBTRACT_MAX:
+        x = x - tl.max(x, axis=0)
+    numerator = tl.exp(x)
+    if HALF_SUM:  # mistake: the exponentials, and so their sum, kept in float16
+        numerator = numerator.to(tl.float16)
+    out = numerator / tl.sum(numerator, axis=0)
+    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _grouped(a, b, GROUP_M, mapping="", grid_floor=False):
-    (M, K), N = a.shape, b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    tiles = (M // MATMUL_TILE) * (N // MATMUL_TILE) if grid_floor else (
-        triton.cdiv(M, MATMUL_TILE) * triton.cdiv(N, MATMUL_TILE)
-    )  # fmt: skip
-    grouped_matmul_kernel[(tiles,)](
-        a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
-        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, GROUP_M=GROUP_M, MAPPING=mapping,
-    )  # fmt: skip
-    return c
+def _softmax(x, *, block=None, pad=-float("inf"), subtract_max=True, row_stride=None,
+             tensor_mask=False, half_sum=False):  # fmt: skip
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    block = block or triton.next_power_of_2(n_cols)
+    stride = row_stride if row_stride is not None else x.stride(0)
+    softmax_kernel[(n_rows,)](x, out, n_rows, n_cols, stride, out.stride(0), BLOCK_SIZE=block,
+                              PAD=pad, SUBTRACT_MAX=subtract_max, TENSOR_MASK=tensor_mask,
+                              HALF_SUM=half_sum)  # fmt: skip
+    return out
 
 
-def _with_mapping(mapping: str, name: str):
-    """The launcher of grouped_matmul_kernel with this mapping from pid to tile."""
-
-    def launcher(a, b, GROUP_M=8):
-        return _grouped(a, b, GROUP_M, mapping)
-
-    launcher.__name__ = name
-    return launcher
+def softmax_fixed_block_256(x):
+    return _softmax(x, block=256)  # the seed's pitfall: right only for rows of <= 256
 
 
-matmul_grouped = _with_mapping("", "matmul_grouped")  # right
-matmul_grouped_full_last_group = _with_mapping("full last group", "matmul_grouped_full_last_group")
-matmul_grouped_rest_swapped = _with_mapping("% and // exchanged", "matmul_grouped_rest_swapped")
-matmul_grouped_exchanged = _with_mapping("exchanged", "matmul_grouped_exchanged")
-matmul_grouped_row_major = _with_mapping("row-major", "matmul_grouped_row_major")
-matmul_grouped_first_row_not_scaled = _with_mapping(
-    "first row not scaled", "matmul_grouped_first_row_not_scaled"
-)
+def softmax_zero_padding(x):
+    return _softmax(x, pad=0.0)
 
 
-def matmul_grouped_ignores_group_m(a, b, GROUP_M=8):
-    return _grouped(a, b, 8)  # mistake: the argument never reaches the kernel
+def softmax_no_max_subtraction(x):
+    return _softmax(x, subtract_max=False)
 
 
-def matmul_grouped_grid_floor(a, b, GROUP_M=8):
-    return _grouped(a, b, GROUP_M, grid_floor=True)  # mistake: no program for edge tiles
+def softmax_ignores_row_stride(x):
+    return _softmax(x, row_stride=x.shape[1])
 
 
 @triton.jit
-def _activate(x, ACTIVATION: tl.constexpr):
-    if ACTIVATION == "relu":
-        x = tl.maximum(x, 0.0)
-    elif ACTIVATION == "leaky_relu":
-        x = tl.where(x >= 0, x, 0.01 * x)
-    return x
-
-
-@triton.jit
-def matmul_bias_act_kernel(
-    a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ACTIVATION: tl.constexpr, MISTAKE: tl.constexpr,
+def softmax_columns_kernel(
+    x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
-    if MISTAKE == "rounded first":  # mistake: C's dtype before the epilogue
-        acc = acc.to(c_ptr.dtype.element_ty)
-    if MISTAKE == "activation first":  # mistake
-        acc = _activate(acc, ACTIVATION)
-    if MISTAKE == "bias per row":  # mistake: bias[m] added to row m
-        acc += tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
-    elif MISTAKE == "bias down the tile":  # mistake: bias[:, None] (square tiles)
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
-    elif MISTAKE == "bias in full tiles":  # mistake: the partial last tile gets none
-        if (tl.program_id(1) + 1) * BLOCK_N <= N:
-            acc += tl.load(bias_ptr + offs_n)[None, :]
-    elif MISTAKE != "no bias":
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
-    if MISTAKE == "always relu":  # mistake: whatever ACTIVATION says
-        acc = tl.maximum(acc, 0.0)
-    elif MISTAKE != "activation first" and MISTAKE != "no activation":
-        acc = _activate(acc, ACTIVATION)
-    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+    rows = tl.arange(0, ROWS)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
+    numerator = tl.exp(x.to(tl.float32) - tl.max(x.to(tl.float32), axis=0)[None, :])
+    out = numerator / tl.sum(numerator, axis=0)[None, :]  # mistake: axis 0, the columns
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
 
 
-def _bias_act(a, b, bias, activation, mistake=""):
-    (M, K), N = a.shape, b.shape[1]
-    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    grid = (triton.cdiv(M, MATMUL_TILE), triton.cdiv(N, MATMUL_TILE))
-    matmul_bias_act_kernel[grid](
-        a, b, bias, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
-        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, ACTIVATION=activation, MISTAKE=mistake,
+def softmax_over_columns(x):
+    # a block of columns per program: a transposed one-row-per-program launch would take a
+    # program per column, 70,001 of them on the float16 case, minutes in the interpreter
+    n_rows, n_cols = x.shape
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    softmax_columns_kernel[(triton.cdiv(n_cols, 128),)](
+        x, out, n_rows, n_cols, x.stride(0), out.stride(0),
+        ROWS=triton.next_power_of_2(n_rows), BLOCK_N=128,
     )  # fmt: skip
-    return c
-
-
-def _with_epilogue_mistake(mistake: str):
-    """The launcher of matmul_bias_act_kernel making `mistake`, named after it."""
-
-    def launcher(a, b, bias, activation=None):
-        return _bias_act(a, b, bias, activation, mistake)
-
-    launcher.__name__ = "_".join(["matmul_bias_act", *mistake.split()])
-    return launcher
-
-
-matmul_bias_act = _with_epilogue_mistake("")  # right
-matmul_bias_act_no_bias = _with_epilogue_mistake("no bias")
-matmul_bias_act_bias_per_row = _with_epilogue_mistake("bias per row")
-matmul_bias_act_bias_down_the_tile = _with_epilogue_mistake("bias down the tile")
-matmul_bias_act_bias_in_full_tiles = _with_epilogue_mistake("bias in full tiles")
-matmul_bias_act_activation_first = _with_epilogue_mistake("activation first")
-matmul_bias_act_rounded_first = _with_epilogue_mistake("rounded first")
-matmul_bias_act_no_activation = _with_epilogue_mistake("no activation")
-matmul_bias_act_always_relu = _with_epilogue_mistake("always relu")
-
-
-# --- lesson 04: softmax in float16, a whole-tensor mask, the online and persistent kernels --
+    return out
 
 
 def softmax_sums_in_half_precision(x):
@@ -1090,6 +838,290 @@ def softmax_persistent_loop_from_zero(x, n_programs=None):
     return _softmax_persistent(x, n_programs, from_zero=True)
 
 
+# --- lesson 05: matmul --------------------------------------------------------------------
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    MASK_K: tl.constexpr, ADVANCE: tl.constexpr, FP16_ACC: tl.constexpr, MASK_STORE: tl.constexpr,
+    SWAP_B_IN_FORMULA: tl.constexpr = False,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = pid // num_pid_n, pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
+    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
+    if SWAP_B_IN_FORMULA:  # mistake: B's strides exchanged in the pointers, not in the advance
+        b_ptrs = b_ptr + offs_k[:, None] * sbn + offs_n[None, :] * sbk
+    if FP16_ACC:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # mistake: half accumulator
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        if not MASK_K:  # mistake: the last K step reads past the end
+            k_mask = offs_k >= 0
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b).to(acc.dtype)
+        if ADVANCE:
+            a_ptrs += BLOCK_K * sak
+            b_ptrs += BLOCK_K * sbk
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if not MASK_STORE:  # mistake: edge tiles write past the matrix
+        c_mask = offs_m[:, None] >= 0
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+def _matmul(a, b, *, mask_k=True, advance=True, fp16_acc=False, mask_store=True,
+            out_dtype=None, swap_a=False, swap_b_in_formula=False, tiles=(32, 32, 32)):  # fmt: skip
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
+    sa = a.stride()[::-1] if swap_a else a.stride()
+    block_m, block_n, block_k = tiles
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    matmul_kernel[grid](a, b, c, M, N, K, *sa, *b.stride(), *c.stride(), BLOCK_M=block_m,
+                        BLOCK_N=block_n, BLOCK_K=block_k, MASK_K=mask_k, ADVANCE=advance,
+                        FP16_ACC=fp16_acc, MASK_STORE=mask_store,
+                        SWAP_B_IN_FORMULA=swap_b_in_formula)  # fmt: skip
+    return c
+
+
+def matmul_without_k_mask(a, b):
+    return _matmul(a, b, mask_k=False)
+
+
+def matmul_pointers_not_advanced(a, b):
+    return _matmul(a, b, advance=False)
+
+
+def matmul_fp16_accumulator(a, b):
+    return _matmul(a, b, fp16_acc=a.dtype != torch.float32)
+
+
+def matmul_fp32_output(a, b):
+    return _matmul(a, b, out_dtype=torch.float32)
+
+
+def matmul_without_store_mask(a, b):
+    return _matmul(a, b, mask_store=False)
+
+
+def matmul_swapped_a_strides(a, b):
+    return _matmul(a, b, swap_a=True)
+
+
+def matmul_b_strides_swapped_in_formula(a, b):
+    return _matmul(a, b, swap_b_in_formula=True, tiles=(16, 16, 16))
+
+
+def matmul_b_strides_swapped_in_formula_notebook_tiles(a, b):
+    tiles = runtime.by_mode(gpu=(128, 128, 32), interpreter=(32, 32, 32))  # lesson 05's
+    return _matmul(a, b, swap_b_in_formula=True, tiles=tiles)
+
+
+MATMUL_TILE = 32  # BLOCK_M = BLOCK_N = BLOCK_K, the interpreter's tile in lesson 05
+
+
+@triton.jit
+def _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    """The float32 product of rows offs_m of A and columns offs_n of B."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
+    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
+    acc = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_mask = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * sbk
+    return acc
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    MAPPING: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    if MAPPING == "first row not scaled":  # mistake: groups start GROUP_M times too close
+        first_pid_m = pid // num_pid_in_group
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    if MAPPING == "full last group":  # mistake: the last group walked as if it were full
+        group_size_m = GROUP_M + 0 * num_pid_m
+    within = pid % num_pid_in_group
+    pid_m = first_pid_m + within % group_size_m
+    pid_n = within // group_size_m
+    if MAPPING == "% and // exchanged":  # mistake
+        pid_m = first_pid_m + within // group_size_m
+        pid_n = within % group_size_m
+    if MAPPING == "exchanged":  # mistake: the right values, each in the other's place
+        pid_m, pid_n = pid_n, pid_m
+    if MAPPING == "row-major":  # mistake: lesson 05's first kernel's order
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def _grouped(a, b, GROUP_M, mapping="", grid_floor=False):
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    tiles = (M // MATMUL_TILE) * (N // MATMUL_TILE) if grid_floor else (
+        triton.cdiv(M, MATMUL_TILE) * triton.cdiv(N, MATMUL_TILE)
+    )  # fmt: skip
+    grouped_matmul_kernel[(tiles,)](
+        a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
+        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, GROUP_M=GROUP_M, MAPPING=mapping,
+    )  # fmt: skip
+    return c
+
+
+def _with_mapping(mapping: str, name: str):
+    """The launcher of grouped_matmul_kernel with this mapping from pid to tile."""
+
+    def launcher(a, b, GROUP_M=8):
+        return _grouped(a, b, GROUP_M, mapping)
+
+    launcher.__name__ = name
+    return launcher
+
+
+matmul_grouped = _with_mapping("", "matmul_grouped")  # right
+
+
+matmul_grouped_full_last_group = _with_mapping("full last group", "matmul_grouped_full_last_group")
+
+
+matmul_grouped_rest_swapped = _with_mapping("% and // exchanged", "matmul_grouped_rest_swapped")
+
+
+matmul_grouped_exchanged = _with_mapping("exchanged", "matmul_grouped_exchanged")
+
+
+matmul_grouped_row_major = _with_mapping("row-major", "matmul_grouped_row_major")
+
+
+matmul_grouped_first_row_not_scaled = _with_mapping(
+    "first row not scaled", "matmul_grouped_first_row_not_scaled"
+)
+
+
+def matmul_grouped_ignores_group_m(a, b, GROUP_M=8):
+    return _grouped(a, b, 8)  # mistake: the argument never reaches the kernel
+
+
+def matmul_grouped_grid_floor(a, b, GROUP_M=8):
+    return _grouped(a, b, GROUP_M, grid_floor=True)  # mistake: no program for edge tiles
+
+
+@triton.jit
+def _activate(x, ACTIVATION: tl.constexpr):
+    if ACTIVATION == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == "leaky_relu":
+        x = tl.where(x >= 0, x, 0.01 * x)
+    return x
+
+
+@triton.jit
+def matmul_bias_act_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACTIVATION: tl.constexpr, MISTAKE: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _matmul_tile(a_ptr, b_ptr, M, N, K, sam, sak, sbk, sbn, offs_m, offs_n, BLOCK_K)
+    if MISTAKE == "rounded first":  # mistake: C's dtype before the epilogue
+        acc = acc.to(c_ptr.dtype.element_ty)
+    if MISTAKE == "activation first":  # mistake
+        acc = _activate(acc, ACTIVATION)
+    if MISTAKE == "bias per row":  # mistake: bias[m] added to row m
+        acc += tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
+    elif MISTAKE == "bias down the tile":  # mistake: bias[:, None] (square tiles)
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
+    elif MISTAKE == "bias in full tiles":  # mistake: the partial last tile gets none
+        if (tl.program_id(1) + 1) * BLOCK_N <= N:
+            acc += tl.load(bias_ptr + offs_n)[None, :]
+    elif MISTAKE != "no bias":
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if MISTAKE == "always relu":  # mistake: whatever ACTIVATION says
+        acc = tl.maximum(acc, 0.0)
+    elif MISTAKE != "activation first" and MISTAKE != "no activation":
+        acc = _activate(acc, ACTIVATION)
+    c_ptrs = c_ptr + offs_m[:, None] * scm + offs_n[None, :] * scn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))  # fmt: skip
+
+
+def _bias_act(a, b, bias, activation, mistake=""):
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, MATMUL_TILE), triton.cdiv(N, MATMUL_TILE))
+    matmul_bias_act_kernel[grid](
+        a, b, bias, c, M, N, K, *a.stride(), *b.stride(), *c.stride(), BLOCK_M=MATMUL_TILE,
+        BLOCK_N=MATMUL_TILE, BLOCK_K=MATMUL_TILE, ACTIVATION=activation, MISTAKE=mistake,
+    )  # fmt: skip
+    return c
+
+
+def _with_epilogue_mistake(mistake: str):
+    """The launcher of matmul_bias_act_kernel making `mistake`, named after it."""
+
+    def launcher(a, b, bias, activation=None):
+        return _bias_act(a, b, bias, activation, mistake)
+
+    launcher.__name__ = "_".join(["matmul_bias_act", *mistake.split()])
+    return launcher
+
+
+matmul_bias_act = _with_epilogue_mistake("")  # right
+
+
+matmul_bias_act_no_bias = _with_epilogue_mistake("no bias")
+
+
+matmul_bias_act_bias_per_row = _with_epilogue_mistake("bias per row")
+
+
+matmul_bias_act_bias_down_the_tile = _with_epilogue_mistake("bias down the tile")
+
+
+matmul_bias_act_bias_in_full_tiles = _with_epilogue_mistake("bias in full tiles")
+
+
+matmul_bias_act_activation_first = _with_epilogue_mistake("activation first")
+
+
+matmul_bias_act_rounded_first = _with_epilogue_mistake("rounded first")
+
+
+matmul_bias_act_no_activation = _with_epilogue_mistake("no activation")
+
+
+matmul_bias_act_always_relu = _with_epilogue_mistake("always relu")
+
+
 # --- lesson 06: conv2d --------------------------------------------------------------------
 
 
@@ -1099,11 +1131,12 @@ def _pair(v):
 
 @triton.jit
 def conv2d_variant_kernel(
-    x_ptr, w_ptr, out_ptr, B, C, H, W, O, OH, OW,
+    x_ptr, w_ptr, out_ptr, bias_ptr, B, C, H, W, O, OH, OW,
     sxb, sxc, sxh, sxw, swo, swc, swr, sws, sob, soc, soh, sow,
     SH, SW, PH, PW, DH, DW, KH: tl.constexpr, KW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MASK_PADDING: tl.constexpr, FLIP: tl.constexpr, WHOLE_C_TILES: tl.constexpr,
+    MASK_X_CHANNELS: tl.constexpr, STORE_AS_MATRIX: tl.constexpr, EPILOGUE: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1128,18 +1161,32 @@ def conv2d_variant_kernel(
                 c = c0 + offs_k
                 x_ptrs = (x_ptr + b[:, None] * sxb + c[None, :] * sxc + ih[:, None] * sxh
                           + iw[:, None] * sxw)  # fmt: skip
-                x_tile = tl.load(x_ptrs, mask=pixel_ok[:, None] & (c[None, :] < C), other=0.0)
+                x_mask = pixel_ok[:, None] & (c[None, :] < C)
+                if not MASK_X_CHANNELS:  # mistake: the padding masked, the channels not
+                    x_mask = pixel_ok[:, None]
+                x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0)
                 w_ptrs = w_ptr + offs_n[None, :] * swo + c[:, None] * swc + wr * swr + ws * sws
                 w_tile = tl.load(w_ptrs, mask=(c[:, None] < C) & n_ok[None, :], other=0.0)
                 acc = tl.dot(x_tile, w_tile, acc)
     out_ptrs = (out_ptr + b[:, None] * sob + offs_n[None, :] * soc + oh[:, None] * soh
                 + ow[:, None] * sow)  # fmt: skip
+    if STORE_AS_MATRIX:  # mistake: out stored as the [M, N] matrix of the product
+        out_ptrs = out_ptr + offs_m[:, None] * O + offs_n[None, :]
+    if EPILOGUE == "relu first":  # mistake: the ReLU before the bias
+        acc = tl.maximum(acc, 0.0)
+    if EPILOGUE == "bias per pixel":  # mistake: the bias along the tile's rows
+        acc += tl.load(bias_ptr + offs_m, mask=offs_m < O, other=0.0)[:, None]
+    elif EPILOGUE != "" and EPILOGUE != "no bias":
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if EPILOGUE == "bias relu" or EPILOGUE == "bias per pixel" or EPILOGUE == "no bias":
+        acc = tl.maximum(acc, 0.0)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, flip=False,
             whole_c_tiles=False, size_without=None, window_without=None, x_strides="right",
-            w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16):  # fmt: skip
+            w_strides="right", out_hw_swapped=False, out_like_x=False, block_k=16,
+            mask_x_channels=True, store_as_matrix=False, bias=None, epilogue=""):  # fmt: skip
     (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     plain = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1)}
@@ -1169,10 +1216,11 @@ def _conv2d(x, weight, stride=1, padding=0, dilation=1, *, mask_padding=True, fl
     }[w_strides]
     grid = (triton.cdiv(B * OH * OW, 32), triton.cdiv(O, 32))
     conv2d_variant_kernel[grid](
-        x, weight, out, B, C, H, W, O, OH, OW, *sx, *sw, *so,
+        x, weight, out, out if bias is None else bias, B, C, H, W, O, OH, OW, *sx, *sw, *so,
         *in_window["stride"], *in_window["padding"], *in_window["dilation"], KH=KH, KW=KW,
         BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k,
         MASK_PADDING=mask_padding, FLIP=flip, WHOLE_C_TILES=whole_c_tiles,
+        MASK_X_CHANNELS=mask_x_channels, STORE_AS_MATRIX=store_as_matrix, EPILOGUE=epilogue,
     )  # fmt: skip
     return out
 
@@ -1237,6 +1285,99 @@ def conv2d_weight_rs_swapped(x, weight, stride=1, padding=0, dilation=1):
     return _conv2d(x, weight, stride, padding, dilation, w_strides="rs_swapped")
 
 
+def conv2d_x_channels_not_masked(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, mask_x_channels=False)
+
+
+def conv2d_output_stored_as_matrix(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, store_as_matrix=True)
+
+
+def conv2d_bias_relu(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias relu")
+
+
+def conv2d_bias_relu_relu_first(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="relu first")
+
+
+def conv2d_bias_relu_bias_per_pixel(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias per pixel")
+
+
+def conv2d_bias_relu_no_relu(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="bias")
+
+
+def conv2d_bias_relu_no_bias(x, weight, bias, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, bias=bias, epilogue="no bias")
+
+
+def conv2d_dot_tile_of_8(x, weight, stride=1, padding=0, dilation=1):
+    return _conv2d(x, weight, stride, padding, dilation, block_k=8)  # mistake: K side of 8
+
+
+@triton.jit
+def conv2d_direct_variant_kernel(
+    x_ptr, w_ptr, out_ptr, C, H, W, O, OH, OW,
+    sxb, sxc, sxh, sxw, swo, swc, swr, sws, sob, soc, soh, sow,
+    SH, SW, PH, PW, KH: tl.constexpr, KW: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    COLUMNS_PADDED_AS_ROWS: tl.constexpr, ACC_FP16: tl.constexpr,
+):  # fmt: skip
+    pid_bo = tl.program_id(0)
+    b, o = pid_bo // O, pid_bo % O
+    offsets = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    oh, ow = offsets // OW, offsets % OW
+    in_image = offsets < OH * OW
+    if ACC_FP16:  # mistake: the inputs' dtype for the accumulator, float16 for float16
+        acc = tl.zeros((BLOCK_SIZE,), dtype=x_ptr.dtype.element_ty)
+    else:
+        acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    pw = PW
+    if COLUMNS_PADDED_AS_ROWS:  # mistake: padding[0] for the columns too
+        pw = PH
+    for c in range(C):
+        for r in range(KH):
+            for s in range(KW):
+                ih = oh * SH - PH + r
+                iw = ow * SW - pw + s
+                mask = in_image & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                x = tl.load(x_ptr + b * sxb + c * sxc + ih * sxh + iw * sxw, mask=mask, other=0.0)
+                w = tl.load(w_ptr + o * swo + c * swc + r * swr + s * sws)
+                if ACC_FP16:
+                    acc += x * w
+                else:
+                    acc += x.to(tl.float32) * w.to(tl.float32)
+    out_ptrs = out_ptr + b * sob + o * soc + oh * soh + ow * sow
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_image)
+
+
+def _conv2d_direct(x, weight, stride=1, padding=0, *, columns_padded_as_rows=False,
+                   acc_fp16=False):  # fmt: skip
+    (B, C, H, W), (O, _, KH, KW) = x.shape, weight.shape
+    (SH, SW), (PH, PW) = _pair(stride), _pair(padding)
+    OH, OW = (H + 2 * PH - KH) // SH + 1, (W + 2 * PW - KW) // SW + 1
+    out = torch.empty((B, O, OH, OW), dtype=x.dtype, device=x.device)
+    conv2d_direct_variant_kernel[(B * O, triton.cdiv(OH * OW, 128))](
+        x, weight, out, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
+        SH, SW, PH, PW, KH=KH, KW=KW, BLOCK_SIZE=128,  # the notebook's BLOCK_SIZE
+        COLUMNS_PADDED_AS_ROWS=columns_padded_as_rows, ACC_FP16=acc_fp16,
+    )  # fmt: skip
+    return out
+
+
+def conv2d_direct(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding)
+
+
+def conv2d_direct_columns_padded_as_rows(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding, columns_padded_as_rows=True)
+
+
+def conv2d_direct_fp16_accumulator(x, weight, stride=1, padding=0):
+    return _conv2d_direct(x, weight, stride, padding, acc_fp16=True)
+
+
 @triton.jit
 def conv2d_one_output_kernel(
     x_ptr, w_ptr, out_ptr, C, H, W, O, KH, KW, SH, SW, PH, PW, OH, OW,
@@ -1282,6 +1423,7 @@ def linear_variant_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, SAVE_Z: tl.constexpr,
     ACC_DTYPE: tl.constexpr, ACT_FIRST: tl.constexpr, BIAS_PER_ROW: tl.constexpr,
+    Z_AFTER_ACT: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1301,19 +1443,22 @@ def linear_variant_kernel(
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     offs_c = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if SAVE_Z:
+    if SAVE_Z and not Z_AFTER_ACT:
         tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     if ACTIVATION == "relu":
         acc = tl.maximum(acc, 0.0)
     elif ACTIVATION == "gelu":
         acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    if SAVE_Z and Z_AFTER_ACT:  # mistake: z stored once the activation has overwritten acc
+        tl.store(z_ptr + offs_c, acc.to(z_ptr.dtype.element_ty), mask=mask)
     if HAS_BIAS and ACT_FIRST:  # mistake: the bias after the activation
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     tl.store(c_ptr + offs_c, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
-                   b_strides=None, act_first=False, bias_per_row=False, acc=None):  # fmt: skip
+                   b_strides=None, act_first=False, bias_per_row=False, acc=None,
+                   z_after_act=False, block_k=32):  # fmt: skip
     """activation(a @ b + bias) (and z) by linear_variant_kernel, each mistake a keyword."""
     M, K = a.shape
     N = b.shape[1] if b_strides is None else b.shape[0]
@@ -1321,19 +1466,20 @@ def _linear_launch(a, b, bias=None, activation=None, save_z=False, *, rows=None,
     c = torch.empty((a.shape[0], N), dtype=a.dtype, device=a.device)
     z = torch.empty_like(c) if save_z else c
     acc = acc or (tl.float64 if a.dtype == torch.float64 else tl.float32)
-    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))  # the notebook's interpreter tiles
     linear_variant_kernel[grid](
         a, b, c if bias is None else bias, c, z, M, N, K, *a.stride(),
         *(b.stride() if b_strides is None else b_strides), *c.stride(),
-        BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, HAS_BIAS=bias is not None,
+        BLOCK_M=32, BLOCK_N=32, BLOCK_K=block_k, HAS_BIAS=bias is not None,
         ACTIVATION=activation or "", SAVE_Z=save_z, ACC_DTYPE=acc, ACT_FIRST=act_first,
-        BIAS_PER_ROW=bias_per_row,
+        BIAS_PER_ROW=bias_per_row, Z_AFTER_ACT=z_after_act,
     )  # fmt: skip
     return (c, z) if save_z else c
 
 
 def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swapped_strides=False,
-                    first_rows=False, keep_2d=False, act=..., view=False, **mistake):  # fmt: skip
+                    first_rows=False, keep_2d=False, act=..., view=False, z_flat=False,
+                    **mistake):  # fmt: skip
     x2d = x.view(-1, x.shape[-1]) if view else x.reshape(-1, x.shape[-1])
     w_t = weight.t()
     strides = (weight.stride(0), weight.stride(1)) if swapped_strides else None
@@ -1344,7 +1490,9 @@ def _linear_forward(x, weight, bias=None, activation=None, save_z=False, *, swap
     y = out[0] if save_z else out
     if not keep_2d:
         y = y.reshape(*x.shape[:-1], weight.shape[0])
-    return (y, out[1]) if save_z else y
+    if not save_z:
+        return y
+    return y, out[1] if keep_2d or z_flat else out[1].reshape(y.shape)
 
 
 def linear_forward(x, weight, bias=None, activation=None, save_z=False):
@@ -1387,8 +1535,58 @@ def linear_forward_fp32_accumulator(x, weight, bias=None, activation=None):
     return _linear_forward(x, weight, bias, activation, acc=tl.float32)
 
 
+def linear_forward_z_after_activation(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation, save_z, z_after_act=True)
+
+
+def linear_forward_ignores_save_z(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation)  # mistake: y alone, whatever save_z
+
+
+def linear_forward_z_flat(x, weight, bias=None, activation=None, save_z=False):
+    # mistake: z left [M, out] where y gets x's leading dimensions
+    return _linear_forward(x, weight, bias, activation, save_z, z_flat=True)
+
+
+def linear_forward_dot_tile_of_8(x, weight, bias=None, activation=None, save_z=False):
+    return _linear_forward(x, weight, bias, activation, save_z, block_k=8)
+
+
 def _product(a, b):
     return _linear_launch(a, b)
+
+
+def _product_variant(a, b, *, a_strides=None, b_strides=None, grid_floor=False):
+    """Lesson 07's product(a, b) by linear_variant_kernel at the notebook's interpreter
+    tiles, 32 x 32 x 32, each mistake a keyword."""
+    (M, K), N = a.shape, b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, 32), triton.cdiv(N, 32))
+    if grid_floor:  # mistake: whole tiles only
+        grid = (max(M // 32, 1), max(N // 32, 1))
+    linear_variant_kernel[grid](
+        a, b, c, c, c, M, N, K, *(a_strides or a.stride()), *(b_strides or b.stride()),
+        *c.stride(), BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, HAS_BIAS=False, ACTIVATION="",
+        SAVE_Z=False, ACC_DTYPE=tl.float64 if a.dtype == torch.float64 else tl.float32,
+        ACT_FIRST=False, BIAS_PER_ROW=False, Z_AFTER_ACT=False,
+    )  # fmt: skip
+    return c
+
+
+def product(a, b):
+    return _product_variant(a, b)
+
+
+def product_b_strides_swapped(a, b):
+    return _product_variant(a, b, b_strides=b.stride()[::-1])
+
+
+def product_a_strides_swapped(a, b):
+    return _product_variant(a, b, a_strides=a.stride()[::-1])
+
+
+def product_grid_floor(a, b):
+    return _product_variant(a, b, grid_floor=True)
 
 
 def _slope(saved, activation):
@@ -1396,37 +1594,52 @@ def _slope(saved, activation):
 
 
 def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", grad_bias="right",
-                     count=4, view=False):  # fmt: skip
+                     count=4, view=False, needs="followed", order="right"):  # fmt: skip
     """A LinearFunction with one mistake in its backward, chosen by keyword."""
 
     class LinearFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, weight, bias, activation):
-            x2d = x.reshape(-1, x.shape[-1])
+            needs_x, needs_weight = ctx.needs_input_grad[:2]
+            if needs == "ignored":  # mistake: everything saved and computed, whatever is wanted
+                needs_x = needs_weight = True
+            x2d = x.reshape(-1, x.shape[-1]) if needs_weight else None
             y, z = linear_forward(x, weight, bias, activation, save_z=True)
-            ctx.save_for_backward(x2d, weight, z, y)
+            kept = weight if needs_x else None
+            if order == "swapped":  # mistake: saved in another order than unpacked
+                ctx.save_for_backward(kept, x2d, z, y)
+            else:
+                ctx.save_for_backward(x2d, kept, z, y)
             ctx.activation, ctx.x_shape, ctx.has_bias = activation, x.shape, bias is not None
+            ctx.needs = (needs_x, needs_weight, ctx.needs_input_grad[2] or needs == "ignored")
+            if needs == "saved only":  # mistake: saved as asked, every gradient computed
+                ctx.needs = (True, True, True)
             return y
 
         @staticmethod
         def backward(ctx, grad_y):
             x2d, weight, z, y = ctx.saved_tensors
+            needs_x, needs_weight, needs_bias = ctx.needs
             g = (grad_y.view if view else grad_y.reshape)(-1, grad_y.shape[-1])
-            y = y.reshape(len(g), -1)
+            y, z = y.reshape(len(g), -1), z.reshape(len(g), -1)
             if slope != "none" and ctx.activation is not None:  # mistake "none": no slope
                 g = (g.double() * _slope(y if slope == "y" else z, ctx.activation)).to(g.dtype)
             rows = ctx.x_shape[0] if "first rows" in (grad_weight, grad_bias) else len(g)
-            gx = _product(g, weight.t() if grad_x == "transposed" else weight)
-            gw = {
-                "right": lambda: _product(g.t(), x2d),
-                "transposed": lambda: _product(x2d.t(), g),
-                "from y": lambda: _product(g.t(), y),
-                "first rows": lambda: _product(g[:rows].t(), x2d[:rows]),
-            }[grad_weight]()
-            gb = None
-            if ctx.has_bias and grad_bias != "none":
+            gx = gw = gb = None
+            if needs_x:
+                gx = _product(g, weight.t() if grad_x == "transposed" else weight)
+                gx = gx.reshape(ctx.x_shape)
+            if needs_weight:
+                gw = {
+                    "right": lambda: _product(g.t(), x2d),
+                    "transposed": lambda: _product(x2d.t(), g),
+                    "from y": lambda: _product(g.t(), y),
+                    "first rows": lambda: _product(g[:rows].t(), x2d[:rows]),
+                    "torch": lambda: g.t() @ x2d,  # mistake: PyTorch's product
+                }[grad_weight]()
+            if ctx.has_bias and needs_bias and grad_bias != "none":
                 gb = g.sum(1) if grad_bias == "wrong axis" else g[:rows].sum(0)
-            grads = (gx.reshape(ctx.x_shape), gw, gb, None)
+            grads = (gx, gw, gb, None)
             return grads[:count]
 
     def apply(x, weight, bias=None, activation=None):
@@ -1437,33 +1650,123 @@ def _linear_function(name, *, slope="z", grad_x="right", grad_weight="right", gr
 
 
 linear_autograd = _linear_function("linear_autograd")
+
+
 linear_autograd_without_slope = _linear_function("linear_autograd_without_slope", slope="none")
+
+
 linear_autograd_slope_at_output = _linear_function("linear_autograd_slope_at_output", slope="y")
+
+
 linear_autograd_grad_x_transposed = _linear_function(
     "linear_autograd_grad_x_transposed", grad_x="transposed"
 )
+
+
 linear_autograd_grad_weight_transposed = _linear_function(
     "linear_autograd_grad_weight_transposed", grad_weight="transposed"
 )
+
+
 linear_autograd_grad_weight_from_y = _linear_function(
     "linear_autograd_grad_weight_from_y", grad_weight="from y"
 )
+
+
 linear_autograd_rows_of_first_dim = _linear_function(
     "linear_autograd_rows_of_first_dim", grad_weight="first rows", grad_bias="first rows"
 )
+
+
 linear_autograd_bias_wrong_axis = _linear_function(
     "linear_autograd_bias_wrong_axis", grad_bias="wrong axis"
 )
+
+
 linear_autograd_no_bias_gradient = _linear_function(
     "linear_autograd_no_bias_gradient", grad_bias="none"
 )
+
+
 linear_autograd_views_grad = _linear_function("linear_autograd_views_grad", view=True)
+
+
 linear_autograd_three_gradients = _linear_function("linear_autograd_three_gradients", count=3)
+
+
+linear_autograd_ignores_needs_input_grad = _linear_function(
+    "linear_autograd_ignores_needs_input_grad", needs="ignored"
+)
+
+
+linear_autograd_computes_every_gradient = _linear_function(
+    "linear_autograd_computes_every_gradient", needs="saved only"
+)
+
+
+linear_autograd_saved_out_of_order = _linear_function(
+    "linear_autograd_saved_out_of_order", order="swapped"
+)
+
+
+linear_autograd_torch_grad_weight = _linear_function(
+    "linear_autograd_torch_grad_weight", grad_weight="torch"
+)
 
 
 def linear_autograd_without_function(x, weight, bias=None, activation=None):
     """The belief that a Triton kernel differentiates itself: it does not."""
     return linear_forward(x, weight, bias, activation)
+
+
+# --- lesson 08: torch.compile --------------------------------------------------------------
+
+
+@triton.jit
+def softmax_backward_variant_kernel(
+    y_ptr, g_ptr, out_ptr, n_cols, stride_ym, stride_yn, stride_gm, stride_gn, stride_out,
+    BLOCK_SIZE: tl.constexpr, MISTAKE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    y = tl.load(y_ptr + row * stride_ym + cols * stride_yn, mask=mask, other=0.0).to(tl.float32)
+    if MISTAKE == "g read with y's strides":
+        g_ptrs = g_ptr + row * stride_ym + cols * stride_yn
+    else:
+        g_ptrs = g_ptr + row * stride_gm + cols * stride_gn
+    g = tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if MISTAKE == "diagonal":  # mistake: the Jacobian's diagonal alone
+        grad = y * (1.0 - y) * g
+    elif MISTAKE == "no factor y":
+        grad = g - tl.sum(g * y, axis=0)
+    else:
+        grad = y * (g - tl.sum(g * y, axis=0))
+    tl.store(out_ptr + row * stride_out + cols, grad.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax_backward_launch(y, grad_y, mistake=""):
+    n_rows, n_cols = y.shape
+    out = torch.empty((n_rows, n_cols), dtype=y.dtype, device=y.device)
+    softmax_backward_variant_kernel[(n_rows,)](
+        y, grad_y, out, n_cols, *y.stride(), *grad_y.stride(), out.stride(0),
+        BLOCK_SIZE=triton.next_power_of_2(n_cols), MISTAKE=mistake,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def add_into_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+def add_into_launch(x, y, out):
+    n_elements = out.numel()
+    add_into_kernel[(triton.cdiv(n_elements, 1024),)](x, y, out, n_elements, BLOCK_SIZE=1024)
 
 
 # --- lesson 09: layer norm and RMSNorm, at the lesson's block sizes -----------------------

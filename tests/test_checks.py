@@ -24,6 +24,12 @@ def _failure(check, fn) -> str:
     return info.value.result.report()
 
 
+def linear_with_z(x, weight, bias=None, activation=None, save_z=False):
+    """The finished linear with the exercise's save_z: z by a second call, no activation."""
+    y = linear.linear(x, weight, bias, activation)
+    return (y, linear.linear(x, weight, bias)) if save_z else y
+
+
 FINISHED = [
     (course_lib.check_vector_add, vector_add.add),
     (course_lib.check_relu, relu.relu),
@@ -31,7 +37,7 @@ FINISHED = [
     (course_lib.check_softmax, softmax.softmax),
     (course_lib.check_matmul, matmul.matmul),
     (course_lib.check_conv2d, conv2d.conv2d),
-    (course_lib.check_linear_forward, linear.linear),
+    (course_lib.check_linear_forward, linear_with_z),
     (course_lib.check_linear, linear.linear),
 ]
 
@@ -756,6 +762,179 @@ def test_a_right_transpose_passes_every_awkward_case(fn, capsys):
     assert any("bfloat16" in label for label in labels) == (runtime.MODE == "gpu")
 
 
+# --- lesson 04: softmax in float16, whole-tensor masks, the online and persistent kernels ---
+
+# (check, broken launcher, what the report says, what its hint must name)
+SOFTMAX_MISTAKES = [
+    (
+        course_lib.check_softmax,
+        broken.softmax_sums_in_half_precision,
+        "1x70001 (row sum past float16's 65504), float16: ",
+        "your kernel computes in float16",
+    ),
+    (
+        course_lib.check_softmax,
+        broken.softmax_whole_tensor_mask,
+        "37x781 (row not a power of two), float32: ",
+        "ran on into the next row",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_no_rescale,
+        "(values rising along the row: the max grows in every block), float32, BLOCK_SIZE=256: ",
+        "running sum is not rescaled",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_no_inf_guard,
+        "(the first 2500 columns -inf in every other row), float32, BLOCK_SIZE=256: ",
+        "first block is all -inf",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_one_pass,
+        "16x1024 (rows wider than 256), float32, BLOCK_SIZE=256: ",
+        "normalise and store in a second loop",
+    ),
+    (
+        course_lib.check_softmax_looped,
+        broken.softmax_looped_second_pass_no_offsets,
+        "only the first 256 of 1024 columns written in every row",
+        "In the second loop, offset each block's columns",
+    ),
+    (
+        course_lib.check_softmax_persistent,
+        broken.softmax_persistent_no_loop,
+        "37x781 (3 programs, rows not a multiple of them), float32: only the first 3 of 37 rows",
+        "programs stopped after their first row",
+    ),
+    (
+        course_lib.check_softmax_persistent,
+        broken.softmax_persistent_loop_from_zero,
+        "37x781 (3 programs, rows not a multiple of them), float32: ",
+        "every program started at row 0",
+    ),
+]
+_SOFTMAX_IDS = [fn.__name__ for _, fn, _, _ in SOFTMAX_MISTAKES]
+
+
+@functools.cache
+def _softmax_report(check, fn) -> str:
+    """Each broken softmax runs once, however many tests read its report."""
+    return _failure(check, fn)
+
+
+@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
+def test_softmax_check_names_the_mistake(check, fn, problem, hint):
+    report = _softmax_report(check, fn)
+    assert problem in report, report
+    assert re.search(r"hint: .*" + re.escape(hint), report), report
+
+
+@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
+def test_softmax_hint_appears_for_its_mistake_only(check, fn, problem, hint):
+    others = [f for c, f, _, _ in SOFTMAX_MISTAKES if c is check and f is not fn]
+    if check is course_lib.check_softmax:  # the first exercise's mistakes, from above
+        others += [v[1] for v in (getattr(m, "values", m) for m in MISTAKES) if v[0] is check]
+    assert others
+    for other in others:
+        assert hint not in _softmax_report(check, other), other.__name__
+
+
+@pytest.mark.parametrize(
+    ("check", "fn"),
+    [
+        (course_lib.check_softmax_looped, broken.softmax_looped_correct),
+        (course_lib.check_softmax_persistent, broken.softmax_persistent_correct),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
+def test_correct_softmax_variants_pass_without_hints(check, fn):
+    result = check(fn)
+    assert result.passed and not any(c.hint for c in result.cases)
+
+
+def test_softmax_variant_checks_cover_their_cases():
+    looped = [c.label for c in course_lib.check_softmax_looped(broken.softmax_looped_correct).cases]
+    assert all(label.endswith("BLOCK_SIZE=256") for label in looped)
+    assert any("-inf in every other row" in label for label in looped)
+    persistent = course_lib.check_softmax_persistent(broken.softmax_persistent_correct).cases
+    assert any("1 program for every row" in c.label for c in persistent)
+    assert any("float16" in c.label and "65504" in c.label for c in persistent)
+
+
+def test_persistent_hints_never_ask_for_one_program_per_row():
+    for fn in (broken.softmax_persistent_no_loop, broken.softmax_persistent_loop_from_zero):
+        assert "grid = (n_rows,)" not in _softmax_report(course_lib.check_softmax_persistent, fn)
+
+
+def test_half_precision_hint_needs_the_float32_cases_to_pass():
+    def zeros_everywhere(x):  # wrong on float32 too: not a float16 problem
+        out = torch.zeros_like(x)
+        broken.add_kernel[(1,)](x, x, out, 0, BLOCK_SIZE=128)  # a launch that stores nothing
+        return out
+
+    assert "computes in float16" not in _failure(course_lib.check_softmax, zeros_everywhere)
+
+
+@pytest.mark.parametrize(
+    ("check", "parameter"),
+    [
+        (course_lib.check_softmax_looped, "BLOCK_SIZE"),
+        (course_lib.check_softmax_persistent, "n_programs"),
+    ],
+)
+def test_softmax_variant_checks_say_which_parameter_is_missing(check, parameter):
+    with pytest.raises(TypeError, match=f"give it a {parameter} parameter"):
+        check(softmax.softmax)
+
+
+def test_a_grid_of_no_programs_is_named_as_such():
+    result = _failure(course_lib.check_vector_add, broken.add_grid_floor)
+    empty = [c for c in result.splitlines() if "0 of " in c and "elements written" in c]
+    assert empty and "the grid has no programs" in result and "triton.cdiv" in result
+    assert "did the kernel store" not in result
+    assert "the grid is too small" in result  # the sizes above a block lose only the tail
+
+
+def test_the_costly_float16_overflow_case_waits_for_the_rest():
+    # a wrong mask at its 131,072-wide block takes a GPU compile minutes: not run while
+    # other cases fail, and run (and named) once they pass
+    report = _failure(course_lib.check_softmax, broken.softmax_whole_tensor_mask)
+    assert "(row sum past float16's 65504), float16: not run until every case above" in report
+    report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
+    assert "float16's 65504), float16: not run" not in report
+    assert "your kernel computes in float16" in report
+
+
+def test_a_learners_own_not_implemented_error_is_a_finding():
+    def launcher(x, y):
+        raise NotImplementedError("Exercise 'ex': looks like a stub, but is the learner's")
+
+    report = _failure(course_lib.check_vector_add, launcher)
+    assert "your function raised NotImplementedError" in report
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "kinds"),
+    [
+        (course_lib.check_vector_add, broken.add_grid_floor, {"unwritten"}),
+        (course_lib.check_vector_add, broken.add_wrong_op, {"values"}),
+        (course_lib.check_vector_add, broken.add_returns_input, {"returned"}),
+        (course_lib.check_vector_add, broken.add_wrong_dtype, {"layout"}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    result = info.value.result
+    assert result.kinds == kinds
+    for case in result.cases:
+        assert all(isinstance(p, str) for p in case.problems)  # still text for people
+        assert case.kinds == [p.kind for p in case.problems]
+
+
 # --- lesson 05: grouped program order and the fused epilogue ------------------------------
 
 
@@ -981,179 +1160,6 @@ def test_the_epilogue_reference_refuses_an_unknown_activation():
         references.activation(torch.ones(2), "gelu")
 
 
-# --- lesson 04: softmax in float16, whole-tensor masks, the online and persistent kernels ---
-
-# (check, broken launcher, what the report says, what its hint must name)
-SOFTMAX_MISTAKES = [
-    (
-        course_lib.check_softmax,
-        broken.softmax_sums_in_half_precision,
-        "1x70001 (row sum past float16's 65504), float16: ",
-        "your kernel computes in float16",
-    ),
-    (
-        course_lib.check_softmax,
-        broken.softmax_whole_tensor_mask,
-        "37x781 (row not a power of two), float32: ",
-        "ran on into the next row",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_no_rescale,
-        "(values rising along the row: the max grows in every block), float32, BLOCK_SIZE=256: ",
-        "running sum is not rescaled",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_no_inf_guard,
-        "(the first 2500 columns -inf in every other row), float32, BLOCK_SIZE=256: ",
-        "first block is all -inf",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_one_pass,
-        "16x1024 (rows wider than 256), float32, BLOCK_SIZE=256: ",
-        "normalise and store in a second loop",
-    ),
-    (
-        course_lib.check_softmax_looped,
-        broken.softmax_looped_second_pass_no_offsets,
-        "only the first 256 of 1024 columns written in every row",
-        "In the second loop, offset each block's columns",
-    ),
-    (
-        course_lib.check_softmax_persistent,
-        broken.softmax_persistent_no_loop,
-        "37x781 (3 programs, rows not a multiple of them), float32: only the first 3 of 37 rows",
-        "programs stopped after their first row",
-    ),
-    (
-        course_lib.check_softmax_persistent,
-        broken.softmax_persistent_loop_from_zero,
-        "37x781 (3 programs, rows not a multiple of them), float32: ",
-        "every program started at row 0",
-    ),
-]
-_SOFTMAX_IDS = [fn.__name__ for _, fn, _, _ in SOFTMAX_MISTAKES]
-
-
-@functools.cache
-def _softmax_report(check, fn) -> str:
-    """Each broken softmax runs once, however many tests read its report."""
-    return _failure(check, fn)
-
-
-@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
-def test_softmax_check_names_the_mistake(check, fn, problem, hint):
-    report = _softmax_report(check, fn)
-    assert problem in report, report
-    assert re.search(r"hint: .*" + re.escape(hint), report), report
-
-
-@pytest.mark.parametrize(("check", "fn", "problem", "hint"), SOFTMAX_MISTAKES, ids=_SOFTMAX_IDS)
-def test_softmax_hint_appears_for_its_mistake_only(check, fn, problem, hint):
-    others = [f for c, f, _, _ in SOFTMAX_MISTAKES if c is check and f is not fn]
-    if check is course_lib.check_softmax:  # the first exercise's mistakes, from above
-        others += [v[1] for v in (getattr(m, "values", m) for m in MISTAKES) if v[0] is check]
-    assert others
-    for other in others:
-        assert hint not in _softmax_report(check, other), other.__name__
-
-
-@pytest.mark.parametrize(
-    ("check", "fn"),
-    [
-        (course_lib.check_softmax_looped, broken.softmax_looped_correct),
-        (course_lib.check_softmax_persistent, broken.softmax_persistent_correct),
-    ],
-    ids=lambda v: getattr(v, "__name__", None),
-)
-def test_correct_softmax_variants_pass_without_hints(check, fn):
-    result = check(fn)
-    assert result.passed and not any(c.hint for c in result.cases)
-
-
-def test_softmax_variant_checks_cover_their_cases():
-    looped = [c.label for c in course_lib.check_softmax_looped(broken.softmax_looped_correct).cases]
-    assert all(label.endswith("BLOCK_SIZE=256") for label in looped)
-    assert any("-inf in every other row" in label for label in looped)
-    persistent = course_lib.check_softmax_persistent(broken.softmax_persistent_correct).cases
-    assert any("1 program for every row" in c.label for c in persistent)
-    assert any("float16" in c.label and "65504" in c.label for c in persistent)
-
-
-def test_persistent_hints_never_ask_for_one_program_per_row():
-    for fn in (broken.softmax_persistent_no_loop, broken.softmax_persistent_loop_from_zero):
-        assert "grid = (n_rows,)" not in _softmax_report(course_lib.check_softmax_persistent, fn)
-
-
-def test_half_precision_hint_needs_the_float32_cases_to_pass():
-    def zeros_everywhere(x):  # wrong on float32 too: not a float16 problem
-        out = torch.zeros_like(x)
-        broken.add_kernel[(1,)](x, x, out, 0, BLOCK_SIZE=128)  # a launch that stores nothing
-        return out
-
-    assert "computes in float16" not in _failure(course_lib.check_softmax, zeros_everywhere)
-
-
-@pytest.mark.parametrize(
-    ("check", "parameter"),
-    [
-        (course_lib.check_softmax_looped, "BLOCK_SIZE"),
-        (course_lib.check_softmax_persistent, "n_programs"),
-    ],
-)
-def test_softmax_variant_checks_say_which_parameter_is_missing(check, parameter):
-    with pytest.raises(TypeError, match=f"give it a {parameter} parameter"):
-        check(softmax.softmax)
-
-
-def test_a_grid_of_no_programs_is_named_as_such():
-    result = _failure(course_lib.check_vector_add, broken.add_grid_floor)
-    empty = [c for c in result.splitlines() if "0 of " in c and "elements written" in c]
-    assert empty and "the grid has no programs" in result and "triton.cdiv" in result
-    assert "did the kernel store" not in result
-    assert "the grid is too small" in result  # the sizes above a block lose only the tail
-
-
-def test_the_costly_float16_overflow_case_waits_for_the_rest():
-    # a wrong mask at its 131,072-wide block takes a GPU compile minutes: not run while
-    # other cases fail, and run (and named) once they pass
-    report = _failure(course_lib.check_softmax, broken.softmax_whole_tensor_mask)
-    assert "(row sum past float16's 65504), float16: not run until every case above" in report
-    report = _failure(course_lib.check_softmax, broken.softmax_sums_in_half_precision)
-    assert "float16's 65504), float16: not run" not in report
-    assert "your kernel computes in float16" in report
-
-
-def test_a_learners_own_not_implemented_error_is_a_finding():
-    def launcher(x, y):
-        raise NotImplementedError("Exercise 'ex': looks like a stub, but is the learner's")
-
-    report = _failure(course_lib.check_vector_add, launcher)
-    assert "your function raised NotImplementedError" in report
-
-
-@pytest.mark.parametrize(
-    ("check", "fn", "kinds"),
-    [
-        (course_lib.check_vector_add, broken.add_grid_floor, {"unwritten"}),
-        (course_lib.check_vector_add, broken.add_wrong_op, {"values"}),
-        (course_lib.check_vector_add, broken.add_returns_input, {"returned"}),
-        (course_lib.check_vector_add, broken.add_wrong_dtype, {"layout"}),
-    ],
-    ids=lambda v: getattr(v, "__name__", ""),
-)
-def test_problems_carry_a_kind_that_programs_can_read(check, fn, kinds):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    result = info.value.result
-    assert result.kinds == kinds
-    for case in result.cases:
-        assert all(isinstance(p, str) for p in case.problems)  # still text for people
-        assert case.kinds == [p.kind for p in case.problems]
-
-
 # --- lesson 06 ----------------------------------------------------------------------------
 
 from course_lib.checks import conv2d as conv2d_checks  # noqa: E402
@@ -1170,9 +1176,13 @@ CONV2D_FAMILIES = {
     "dilation": ["ignores the dilation"],
     "strides": ["reads x as if it were NCHW-contiguous"],
     "out": ["stores into it as if it were NCHW-contiguous"],
-    "hw": ["H and W are swapped"],
+    "hw": ["H and W are swapped", "rows and columns are mixed up in the window"],
     "oc": ["read as [C, O, kh, kw]"],
     "rs": ["rows and columns are swapped"],
+    "x_channels": ["the x tile reads channels past C"],
+    "matrix": ["stores the output as an [M, N] matrix"],
+    "accumulator": ["accumulate in float32"],
+    "dot": ["refuses a tl.dot whose inner side K is under 16"],
 }  # fmt: skip
 CONV2D_MISTAKES = [
     # broken launcher, a case it fails, the hint under that case, the families it may show
@@ -1204,6 +1214,59 @@ CONV2D_MISTAKES = [
      {"oc"}),
     (broken.conv2d_weight_rs_swapped, "square image, C = O", "rows and columns are swapped",
      {"rs"}),
+    (broken.conv2d_x_channels_not_masked, "C and O past a tile",
+     "the x tile reads channels past C", {"x_channels"}),
+    (broken.conv2d_x_channels_not_masked, "a single output pixel",
+     "the x tile reads channels past C", {"x_channels"}),
+    (broken.conv2d_output_stored_as_matrix, "odd image, padding 1",
+     "stores the output as an [M, N] matrix", {"matrix"}),
+    (broken.conv2d_output_stored_as_matrix, "C and O past a tile",
+     "stores the output as an [M, N] matrix", {"matrix", "out"}),
+]  # fmt: skip
+if runtime.INTERPRETED:  # on a GPU the compile itself refuses the kernel
+    CONV2D_MISTAKES.append((broken.conv2d_dot_tile_of_8, "odd image, padding 1",
+                            "whose inner side K is under 16", {"dot"}))  # fmt: skip
+CONV2D_BIAS_RELU_FAMILIES = {
+    "missing": ["the bias is missing"],
+    "pixel": ["the bias went along the pixels"],
+    "first": ["the ReLU came before the bias"],
+    "relu": ["the ReLU is missing"],
+}
+CONV2D_BIAS_RELU_MISTAKES = [
+    (broken.conv2d_bias_relu_no_bias, "odd image, padding 1", "the bias is missing", "missing"),
+    (broken.conv2d_bias_relu_bias_per_pixel, "C and O past a tile",
+     "the bias went along the pixels", "pixel"),
+    (broken.conv2d_bias_relu_bias_per_pixel, "odd image, padding 1",
+     "the bias went along the pixels", "pixel"),
+    (broken.conv2d_bias_relu_relu_first, "dilation 2", "the ReLU came before the bias", "first"),
+    (broken.conv2d_bias_relu_no_relu, "channels-last", "the ReLU is missing", "relu"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "family"),
+    CONV2D_BIAS_RELU_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(CONV2D_BIAS_RELU_MISTAKES)],
+)
+def test_conv2d_bias_relu_check_names_the_mistake_and_no_other(fn, case, hint, family):
+    report = _failure(course_lib.check_conv2d_bias_relu, fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, {family}, CONV2D_BIAS_RELU_FAMILIES | CONV2D_FAMILIES)
+
+
+def test_conv2d_bias_relu_check_passes_a_right_kernel_at_the_notebooks_tiles(capsys):
+    course_lib.check_conv2d_bias_relu(broken.conv2d_bias_relu)
+    assert capsys.readouterr().out == "✓ conv2d_bias_relu: every case passed\n"
+
+
+CONV2D_DIRECT_MISTAKES = [
+    # the direct kernel, at the notebook's BLOCK_SIZE of 128
+    (broken.conv2d_direct_columns_padded_as_rows, "stride 2, padding (2, 1)",
+     "used padding[0] for the columns too", {"hw"}),
+    (broken.conv2d_direct_columns_padded_as_rows, "1x3 kernel, stride (2, 1)",
+     "used padding[0] for the columns too", {"hw"}),
+    (broken.conv2d_direct_fp16_accumulator, "float16",
+     "acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)", {"accumulator"}),
 ]  # fmt: skip
 
 
@@ -1222,6 +1285,27 @@ def test_conv2d_check_names_the_mistake_and_no_other(fn, case, hint, families):
     report = _conv2d_failure(fn)
     assert_hint_under(report, case, hint)
     assert_no_other_family(report, families, CONV2D_FAMILIES)
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "families"),
+    CONV2D_DIRECT_MISTAKES,
+    ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(CONV2D_DIRECT_MISTAKES)],
+)
+def test_conv2d_direct_check_names_the_mistake_and_no_other(fn, case, hint, families):
+    report = _conv2d_direct_failure(fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, families, CONV2D_FAMILIES)
+
+
+@functools.cache
+def _conv2d_direct_failure(fn) -> str:
+    return _failure(course_lib.check_conv2d_direct, fn)
+
+
+def test_conv2d_direct_check_passes_a_right_kernel_at_the_notebooks_block(capsys):
+    course_lib.check_conv2d_direct(broken.conv2d_direct)
+    assert capsys.readouterr().out == "✓ conv2d_direct: every case passed\n"
 
 
 def test_conv2d_check_passes_a_right_kernel_and_covers_the_awkward_cases(capsys):
@@ -1281,6 +1365,13 @@ LINEAR_FAMILIES = {
     "count": ["one value per argument of forward"],
     "missing": ["backward must return a gradient"],
     "view": ["has no view of the shape"],
+    "z": ["the z you returned"],
+    "no_z": ["returns a pair (y, z)"],
+    "z_shape": ["z must have y's shape"],
+    "save_order": ["saved the tensors in another order"],
+    "needs": ["ctx.needs_input_grad asks", "forward saved x, which only", "rightly did not save"],
+    "torch_product": ["computed a product with PyTorch"],
+    "dot": ["whose inner side K is under 16"],
 }
 SQUARE = "weight [48, 48]"
 LINEAR_MISTAKES = [
@@ -1332,9 +1423,62 @@ LINEAR_MISTAKES = [
     (broken.linear_autograd_without_function, "float32: grad_weight",
      "the result carries no gradient", {"function"}),
 ]  # fmt: skip
-if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float64 tiles
+Z = "the z of save_z=True"
+LINEAR_MISTAKES += [
+    (broken.linear_forward_z_after_activation, f"activation='gelu', float32: {Z}",
+     "the z you returned holds the activation's output", {"z"}),
+    (broken.linear_forward_z_after_activation, f"activation='relu', float32: {Z}",
+     "the z you returned holds the activation's output", {"z"}),
+    (broken.linear_forward_ignores_save_z, f"activation='relu', float32: {Z}",
+     "returns a pair (y, z)", {"no_z"}),
+    (broken.linear_forward_z_flat, f"(leading dimensions [2, 5]), activation='gelu', float32: {Z}",
+     "z must have y's shape", {"z_shape"}),
+    (broken.linear_autograd_ignores_needs_input_grad, "float32: grad_x, weight and bias frozen",
+     "forward saved x, which only", {"needs"}),
+    (broken.linear_autograd_computes_every_gradient, "float32: grad_x, weight and bias frozen",
+     "rightly did not save", {"needs"}),
+    (broken.linear_autograd_saved_out_of_order, "float32: grad_weight",
+     "saved the tensors in another order", {"save_order"}),
+    (broken.linear_autograd_torch_grad_weight, "float32: grad_x",
+     "computed a product with PyTorch (mm)", {"torch_product"}),
+]  # fmt: skip
+if runtime.INTERPRETED:  # on a GPU the compile itself refuses the kernel
+    LINEAR_MISTAKES.append((broken.linear_forward_dot_tile_of_8, "(in > out)",
+                            "whose inner side K is under 16", {"dot"}))  # fmt: skip
+if runtime.INTERPRETED:  # a GPU compile refuses a float32 accumulator for float64 tiles,
+    # and so does the check in the interpreter, with the compiler's reason
     LINEAR_MISTAKES.append((broken.linear_forward_fp32_accumulator, "float64",
-                            "not to float64's precision", {"float64"}))  # fmt: skip
+                            "a GPU compile refuses your kernel", set()))  # fmt: skip
+
+
+PRODUCT_FAMILIES = {
+    "a": ["A's strides are swapped"],
+    "b": ["B's strides are swapped"],
+    "grid": ["the grid misses"],
+    "k": ["Mask the K dimension", "advance the pointers"],
+}
+PRODUCT_MISTAKES = [
+    # lesson 07's product(a, b), checked by lesson 05's check_matmul at the notebook's tiles
+    (broken.product_b_strides_swapped, "(B square, one K step)", "B's strides are swapped", "b"),
+    (broken.product_a_strides_swapped, "(square)", "A's strides are swapped", "a"),
+    (broken.product_grid_floor, "(primes)", "the grid misses", "grid"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "case", "hint", "family"),
+    PRODUCT_MISTAKES,
+    ids=[m[0].__name__ for m in PRODUCT_MISTAKES],
+)
+def test_the_product_exercise_is_checked_by_the_matmul_check(fn, case, hint, family):
+    report = _failure(course_lib.check_matmul, fn)
+    assert_hint_under(report, case, hint)
+    assert_no_other_family(report, {family}, PRODUCT_FAMILIES)
+
+
+def test_a_right_product_at_the_notebooks_tiles_passes_the_matmul_check(capsys):
+    course_lib.check_matmul(broken.product)
+    assert capsys.readouterr().out == "✓ matmul: every case passed\n"
 
 
 @functools.cache

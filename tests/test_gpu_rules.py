@@ -94,3 +94,31 @@ def test_the_check_leaves_the_interpreter_as_it_found_it():
     x = torch.randn(8)
     gpu_rules.check_launch(softmax_row_fp32.fn, (x, x, 8), {"BLOCK": 8})
     assert [getattr(owner, name) for owner, name in watched] == before
+
+
+@triton.jit
+def dot_tile(a_ptr, c_ptr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows, ks = tl.arange(0, BLOCK), tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + rows[:, None] * BLOCK_K + ks[None, :])  # [BLOCK, BLOCK_K]
+    b = tl.load(a_ptr + ks[:, None] * BLOCK + rows[None, :])  # [BLOCK_K, BLOCK]
+    tl.store(c_ptr + rows[:, None] * BLOCK + rows[None, :], tl.dot(a, b))
+
+
+def test_a_dot_with_k_under_16_is_refused_as_the_gpus_triton_refuses_it_in_float32_too():
+    a, c = torch.randn(256), torch.empty(256)
+    with pytest.warns(GPUCompileWarning, match="K >= 16"):
+        dot_tile[(1,)](a, c, BLOCK=16, BLOCK_K=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        dot_tile[(1,)](a, c, BLOCK=8, BLOCK_K=16)  # M and N under 16 compile, padded
+
+
+def test_refusals_are_collected_for_every_launch_though_warned_once():
+    a, c = torch.randn(256), torch.empty(256)
+    for _ in range(2):
+        with gpu_rules.refusals() as found, warnings.catch_warnings():
+            warnings.simplefilter("ignore", GPUCompileWarning)
+            dot_tile[(1,)](a, c, BLOCK=16, BLOCK_K=8)
+        assert len(found) == 1 and "K >= 16" in found[0]
+    with pytest.raises(gpu_rules.GPURefused, match="K >= 16"):
+        gpu_rules.refusing(lambda: dot_tile[(1,)](a, c, BLOCK=16, BLOCK_K=8))()

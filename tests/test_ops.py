@@ -3,6 +3,7 @@ grade an operator and report graph breaks."""
 
 import contextlib
 
+import broken_kernels as broken
 import pytest
 import torch
 from reports import assert_hint_under
@@ -577,3 +578,136 @@ def test_a_launch_into_a_graph_refuses_what_inductor_cannot_take():
                 assert hopper.tma_rule_broken(traced) is None
                 offset = traced.view(-1)[1:-15].view(15, 16)
                 assert "aligned" in hopper.tma_rule_broken(offset)
+
+
+# -- check_softmax_backward and check_add_into: the second and third exercises ---------------
+
+
+def _softmax_with_backward(name: str, mistake: str = "", saved: str = "output", register=True):
+    """lesson08::softmax as the learner registers it, and a backward operator named `name`
+    with one mistake, registered on it unless `register` is False."""
+    forward = _operator_named("lesson08::softmax", lambda x: x.new_empty(x.shape))
+
+    @custom_op(f"course_tests::{name}", mutates_args=())
+    def backward_op(y: torch.Tensor, grad_y: torch.Tensor) -> torch.Tensor:
+        return broken.softmax_backward_launch(y, grad_y, mistake)
+
+    backward_op.register_fake(lambda y, grad_y: y.new_empty(y.shape))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0] if saved == "input" else output)
+
+    def backward(ctx, grad_y):
+        (y,) = ctx.saved_tensors
+        return backward_op(y, grad_y)
+
+    if register:
+        forward.register_autograd(backward, setup_context=setup_context)
+    return backward_op
+
+
+def _operator_named(qualname, fake, body=finished_softmax):
+    @custom_op(qualname, mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return body(x)
+
+    op.register_fake(fake)
+    return op
+
+
+def test_check_softmax_backward_passes_a_right_backward(capsys):
+    assert course_lib.check_softmax_backward(_softmax_with_backward("backward_right")).passed
+    assert capsys.readouterr().out.strip() == "✓ softmax_backward: every case passed"
+
+
+BACKWARD_MISTAKES = [
+    ("diagonal", dict(mistake="diagonal"), "backward: 5x37", "only the diagonal"),
+    ("no factor y", dict(mistake="no factor y"), "backward: 5x37", "you left out the factor y"),
+    ("g's strides", dict(mistake="g read with y's strides"), "grad_y column-major",
+     "grad_y arrives with strides of its own"),
+    ("input saved", dict(saved="input"), "softmax_op's gradient, eager",
+     "read the operator's input x"),
+    ("input saved, compiled", dict(saved="input"), "compiled with fullgraph=True",
+     "read the operator's input x"),
+    ("not registered", dict(register=False), "softmax_op's gradient, eager",
+     "register the backward on your forward operator"),
+]  # fmt: skip
+BACKWARD_HINTS = ["only the diagonal", "the factor y", "strides of its own", "operator's input x",
+                  "register the backward"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("how", "case", "hint"),
+    [m[1:] for m in BACKWARD_MISTAKES],
+    ids=[m[0] for m in BACKWARD_MISTAKES],
+)
+def test_check_softmax_backward_names_the_mistake_and_no_other(how, case, hint):
+    name = "backward_" + "_".join(f"{k}_{v}" for k, v in how.items()).replace(" ", "_")
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_softmax_backward(_softmax_with_backward(name, **how))
+    report = info.value.result.report()
+    assert_hint_under(report, case, hint)
+    others = [h for h in BACKWARD_HINTS if h not in hint]
+    assert not any(h in line for line in report.splitlines() if "hint:" in line for h in others)
+
+
+def test_check_softmax_backward_asks_for_an_operator():
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_softmax_backward(broken.softmax_backward_launch)
+    assert_hint_under(info.value.result.report(), "backward: 5x37", "@custom_op(")
+
+
+def _add_into(name: str, mutates_args=("out",)):
+    """register_add_into as the learner writes it, under another name."""
+
+    def add_into_impl(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> None:
+        broken.add_into_launch(x, y, out)
+
+    def register():
+        op = custom_op(f"course_tests::{name}", mutates_args=mutates_args)(add_into_impl)
+        op.register_fake(lambda x, y, out: None)
+        return op
+
+    return register
+
+
+def test_check_add_into_passes_a_declared_mutation(capsys):
+    assert course_lib.check_add_into(_add_into("add_into_right")).passed
+    assert capsys.readouterr().out.strip() == "✓ add_into: every case passed"
+
+
+def test_check_add_into_names_an_undeclared_mutation_where_compiled_code_drops_the_call():
+    with pytest.raises(CheckFailed) as info:
+        course_lib.check_add_into(_add_into("add_into_undeclared", mutates_args=()))
+    report = info.value.result.report()
+    for case in ("opcheck", "torch.compile"):
+        assert_hint_under(report, case, 'mutates_args=("out",)')
+    assert "✓ eager: 1000 elements" in report
+
+
+def test_check_add_into_names_a_returned_value_and_a_plain_function():
+    def returns():
+        @custom_op("course_tests::add_into_returns", mutates_args=("out",))
+        def op(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            broken.add_into_launch(x, y, out)
+            return x.clone()
+
+        op.register_fake(lambda x, y, out: x.new_empty(x.shape))
+        return op
+
+    def plain():
+        return broken.add_into_launch
+
+    for register, hint in [(returns, "returns nothing"), (plain, "must return the operator")]:
+        with pytest.raises(CheckFailed) as info:
+            course_lib.check_add_into(register)
+        assert_hint_under(info.value.result.report(), "eager: 1 element", hint)
+
+
+def test_check_add_into_stops_at_an_unwritten_registration():
+    def unwritten():
+        raise ExerciseNotDone("write register_add_into")
+
+    with pytest.raises(ExerciseNotDone, match="write register_add_into"):
+        course_lib.check_add_into(unwritten)

@@ -1,8 +1,13 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
-from course_lib.checks.compiled import check_compiled, check_softmax_op
-from course_lib.checks.conv2d import check_conv2d, check_conv2d_direct
+from course_lib.checks.compiled import (
+    check_add_into,
+    check_compiled,
+    check_softmax_backward,
+    check_softmax_op,
+)
+from course_lib.checks.conv2d import check_conv2d, check_conv2d_bias_relu, check_conv2d_direct
 from course_lib.checks.elementwise import (
     check_axpy,
     check_leaky_relu,
@@ -37,9 +42,11 @@ __all__ = [
     "ExerciseNotDone",
     "Problem",
     "check_add_2d",
+    "check_add_into",
     "check_axpy",
     "check_compiled",
     "check_conv2d",
+    "check_conv2d_bias_relu",
     "check_conv2d_direct",
     "check_layer_norm",
     "check_layer_norm_forward",
@@ -52,6 +59,7 @@ __all__ = [
     "check_relu",
     "check_rms_norm",
     "check_softmax",
+    "check_softmax_backward",
     "check_softmax_looped",
     "check_softmax_op",
     "check_softmax_persistent",

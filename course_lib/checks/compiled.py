@@ -5,6 +5,9 @@ their reasons and lines, and compares fn compiled with fullgraph=True against th
 result. `check_softmax_op(op)` grades the lesson's exercise, a row softmax registered as
 an operator, through the engine: each stage of the operator's life (eager, checked by
 torch.library.opcheck, compiled, compiled for dynamic shapes) is a case.
+`check_softmax_backward(op)` grades the second: the softmax's backward as an operator of
+its own, and the gradient it gives lesson08::softmax once registered as its backward.
+`check_add_into(op)` grades the third: an operator that writes into an argument.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from course_lib.checks.engine import (
     CheckFailed,
     CheckResult,
     ExerciseNotDone,
+    Hints,
+    KnownMistake,
     Problem,
     case_generator,
     random_input,
@@ -432,3 +437,305 @@ def check_softmax_op(op: Callable) -> CheckResult:
         return runs[stage](x)
 
     return run_check("softmax_op", run, eager + staged, references.softmax, (), HINTS)
+
+
+# -- check_softmax_backward ---------------------------------------------------------------
+
+
+class NoBackward(RuntimeError):
+    """lesson08::softmax has no backward registered, or gives no gradient."""
+
+
+DIAGONAL_HINT = (
+    "your gradient keeps only the diagonal of softmax's Jacobian, y * (1 - y) * g: every "
+    "output of a row depends on every input of it, so grad_x = y * (g - sum(g * y)), the "
+    "sum running over the row"
+)
+NO_Y_FACTOR_HINT = "grad_x = y * (g - sum(g * y)) over the row: you left out the factor y in front"
+SAVED_INPUT_HINT = (
+    "your backward read the operator's input x where it needs the output y = softmax(x): "
+    "save the output in setup_context, ctx.save_for_backward(output)"
+)
+G_STRIDES_HINT = (
+    "grad_y arrives with strides of its own: read it through stride_gm and stride_gn, "
+    "not through y's strides"
+)
+NO_BACKWARD_HINT = (
+    "register the backward on your forward operator: softmax_op.register_autograd(backward, "
+    "setup_context=setup_context), with setup_context saving the output and backward "
+    "returning softmax_backward(y, grad_y)"
+)
+BACKWARD_OPERATOR_HINT = (
+    'decorate the launcher with @custom_op("lesson08::softmax_backward", mutates_args=()), '
+    "with type annotations, and give it a fake: the compiler traces a backward too, and "
+    "must find operators there, not a launch"
+)
+
+
+def _backward_raised(kind: str, message: str) -> str | None:
+    if kind == NoBackward.__name__:
+        return NO_BACKWARD_HINT
+    if kind == NotAnOperator.__name__:
+        return BACKWARD_OPERATOR_HINT
+    return _raised(kind, message)
+
+
+BACKWARD_HINTS = dataclasses.replace(SOFTMAX_HINTS, raised=_backward_raised)
+
+
+def _grad_mistakes(through_forward: bool) -> list[KnownMistake]:
+    """What the usual wrong backwards compute, from (y, g) or, through the forward, (x, g)."""
+
+    def of(compute):
+        if not through_forward:
+            return lambda y, g: compute(y.double(), g.double(), y.double())
+        return lambda x, g: compute(torch.softmax(x.double(), -1), g.double(), x.double())
+
+    found = [
+        KnownMistake(of(lambda y, g, _: y * (1 - y) * g), DIAGONAL_HINT),
+        KnownMistake(of(lambda y, g, _: g - (g * y).sum(-1, keepdim=True)), NO_Y_FACTOR_HINT),
+    ]
+    if through_forward:
+        found.append(KnownMistake(
+            of(lambda y, g, x: x * (g - (g * x).sum(-1, keepdim=True))), SAVED_INPUT_HINT
+        ))  # fmt: skip
+    else:
+        found.append(KnownMistake(
+            lambda y, g: references.softmax_backward(
+                y, torch.as_strided(g, g.shape, y.stride(), g.storage_offset())
+            ),
+            G_STRIDES_HINT,
+        ))  # fmt: skip
+    return found
+
+
+def _forward_op():
+    """lesson08::softmax, the learner's forward operator, or None."""
+    try:
+        return torch.ops.lesson08.softmax
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _run_backward_stage(op: Callable, stage: str) -> Callable:
+    def run(a, g):
+        if not _is_operator(op):
+            raise NotAnOperator(f"softmax_backward is a plain {type(op).__name__}")
+        if stage == "backward":
+            return op(a, g)
+        if stage == "opcheck":
+            with _tracing_safely():
+                for t in (a, a.t().contiguous().t()):
+                    torch.library.opcheck(op, (t, g), test_utils=OPCHECK_TESTS)
+            return op(a, g)
+        forward = _forward_op()
+        if forward is None:
+            raise NoBackward("lesson08::softmax is not registered: run the first exercise")
+        x = a.detach().requires_grad_(True)
+        try:
+            if stage == "autograd":
+                y = forward(x)
+                if y.grad_fn is None:
+                    raise NoBackward("softmax_op's output has no grad_fn")
+                (grad,) = torch.autograd.grad(y, x, g)
+                return grad
+            with _tracing_safely():
+                torch.compiler.reset()
+                compiled = torch.compile(lambda t: forward(t), fullgraph=True,
+                                         backend=runtime.COMPILE_BACKEND)  # fmt: skip
+                (grad,) = torch.autograd.grad(compiled(x), x, g)
+                return grad
+        except NoBackward:
+            raise
+        except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
+            text = str(error)
+            if (
+                "register_autograd" in text
+                or "autograd kernel" in text
+                or "does not require grad" in text
+            ):
+                raise NoBackward(_first_line(text)) from None
+            explained = _explained(error)
+            if explained is error:
+                raise
+            raise explained from None
+
+    return run
+
+
+def check_softmax_backward(op: Callable) -> CheckResult:
+    """Check `op`, your softmax backward registered as lesson08::softmax_backward(y,
+    grad_y), for lesson 08: its values on awkward shapes and strides, its fake
+    (torch.library.opcheck), and the gradient lesson08::softmax gives once the backward is
+    registered on it, eagerly and compiled with fullgraph=True."""
+    if not callable(op):
+        raise TypeError(f"check_softmax_backward expects your operator, got {type(op).__name__}")
+    gen = case_generator(9)
+    rand = lambda *shape, dtype=torch.float32: random_input(gen, shape, dtype, scale=2.0)  # noqa: E731
+
+    def softmaxed(*shape, dtype=torch.float32):
+        return torch.softmax(rand(*shape).double(), -1).to(dtype)
+
+    def case(label, a, g, stage, through_forward=False, **options):
+        reference = (
+            (lambda x, g: references.softmax_backward(torch.softmax(x.double(), -1), g).to(x.dtype))
+            if through_forward else references.softmax_backward
+        )  # fmt: skip
+        return Case(f"{label}", (a, g), kwargs={"stage": stage}, reference=reference,
+                    mistakes=_grad_mistakes(through_forward), input_names=("y", "grad_y"),
+                    **options)  # fmt: skip
+
+    rows = runtime.by_mode(gpu=4096, interpreter=37)
+    g_wide = rand(20, 900)
+    cases = [
+        case("backward: 1x5 (one row), float32", softmaxed(1, 5), rand(1, 5), "backward"),
+        case("backward: 5x37 (prime sizes), float32", softmaxed(5, 37), rand(5, 37), "backward"),
+        case(f"backward: {rows}x781, float32", softmaxed(rows, 781), rand(rows, 781),
+             "backward"),
+        case("backward: 20x781, grad_y of row stride 900, float32", softmaxed(20, 781),
+             g_wide[:, :781], "backward"),
+        case("backward: 33x300, grad_y column-major, float32", softmaxed(33, 300),
+             rand(300, 33).t(), "backward"),
+        case("backward: 37x781, float16", softmaxed(37, 781, dtype=torch.float16),
+             rand(37, 781, dtype=torch.float16), "backward"),
+        case("torch.library.opcheck: the fake against the real operator", softmaxed(9, 100),
+             rand(9, 100), "opcheck"),
+        case("softmax_op's gradient, eager: 7x300", rand(7, 300), rand(7, 300), "autograd",
+             through_forward=True),
+        case("softmax_op's gradient, compiled with fullgraph=True: 11x257", rand(11, 257),
+             rand(11, 257), "compiled", through_forward=True, expects_launch=False),
+    ]  # fmt: skip
+    runs = {stage: _run_backward_stage(op, stage)
+            for stage in ("backward", "opcheck", "autograd", "compiled")}  # fmt: skip
+
+    def run(a, g, stage: str = "backward"):
+        return runs[stage](a, g)
+
+    return run_check("softmax_backward", run, cases, references.softmax_backward, (),
+                     BACKWARD_HINTS, _refine_backward)  # fmt: skip
+
+
+def _refine_backward(cases, results: list[CaseResult]) -> None:
+    """A mistake named in one case is the likely cause of the vaguer failures of others."""
+    named = (DIAGONAL_HINT, NO_Y_FACTOR_HINT, SAVED_INPUT_HINT, G_STRIDES_HINT)
+    found = next((r.hint for r in results if r.hint in named), None)
+    for result in results:
+        if found and not result.passed and result.hint == BACKWARD_HINTS.wrong_values:
+            result.hint = found
+
+
+# -- check_add_into -----------------------------------------------------------------------
+
+
+class UndeclaredMutation(RuntimeError):
+    """The operator writes into an argument its schema does not declare as mutated."""
+
+
+class ReturnsAValue(TypeError):
+    """An operator that writes its result into `out` returned something."""
+
+
+UNDECLARED_HINT = (
+    "the operator writes into out, and its schema does not say so: declare it with "
+    'mutates_args=("out",). A compiler believes the schema: an operator that returns nothing '
+    "and mutates nothing does nothing, and compiled code drops the call"
+)
+RETURNS_A_VALUE_HINT = (
+    "an operator that writes its result into out returns nothing: annotate it -> None and "
+    "return nothing; returning out would make its output an alias of an input"
+)
+ADD_INTO_OPERATOR_HINT = (
+    'register_add_into must return the operator: custom_op("lesson08::add_into", '
+    "mutates_args=...)(add_into_impl), with its fake registered, not the plain function"
+)
+
+
+def _add_into_raised(kind: str, message: str) -> str | None:
+    own = {
+        UndeclaredMutation.__name__: UNDECLARED_HINT,
+        ReturnsAValue.__name__: RETURNS_A_VALUE_HINT,
+        NotAnOperator.__name__: ADD_INTO_OPERATOR_HINT,
+    }
+    return own.get(kind) or _raised(kind, message)
+
+
+ADD_INTO_HINTS = dataclasses.replace(Hints(), raised=_add_into_raised)
+
+
+def _run_add_into(operator: Callable, stage: str) -> Callable:
+    def run(x, y):
+        op = operator()
+        if not _is_operator(op):
+            raise NotAnOperator(f"register_add_into returned a plain {type(op).__name__}")
+        out = torch.empty_like(x)
+        if stage == "eager":
+            if op(x, y, out) is not None:
+                raise ReturnsAValue("add_into returned a value")
+            return out
+        try:
+            with _tracing_safely():
+                if stage == "opcheck":
+                    torch.library.opcheck(op, (x, y, out), test_utils=OPCHECK_TESTS)
+                    op(x, y, out)
+                    return out
+
+                def add_twice(x, y):
+                    out = torch.empty_like(x)
+                    op(x, y, out)
+                    return out * 2
+
+                torch.compiler.reset()
+                compiled = torch.compile(add_twice, fullgraph=True, backend=runtime.COMPILE_BACKEND)
+                return compiled(x, y) / 2
+        except Exception as error:  # noqa: BLE001  (torch's own errors, explained)
+            if "not defined as mutable but was mutated" in str(error):
+                raise UndeclaredMutation(_first_line(str(error))) from None
+            explained = _explained(error)
+            if explained is error:
+                raise
+            raise explained from None
+
+    return run
+
+
+def check_add_into(register: Callable) -> CheckResult:
+    """Check `register()`, which registers your addition into an output as
+    lesson08::add_into(x, y, out) and returns the operator (or the operator itself), for
+    lesson 08: its values, its schema and fake (torch.library.opcheck), and a function that
+    calls it on a tensor it allocates, compiled with fullgraph=True."""
+    if not callable(register):
+        raise TypeError(f"check_add_into expects your function, got {type(register).__name__}")
+    registered = []
+
+    def operator():
+        if not registered:  # once: registering again would replace the operator
+            registered.append(register if _is_operator(register) else register())
+        return registered[0]
+
+    gen = case_generator(10)
+    pair = lambda n: (random_input(gen, (n,)), random_input(gen, (n,)))  # noqa: E731
+    cases = [
+        Case("eager: 1 element", pair(1), kwargs={"stage": "eager"}),
+        Case("eager: 1000 elements, not a multiple of the block", pair(1000),
+             kwargs={"stage": "eager"}),
+        Case("torch.library.opcheck: the schema and the fake", pair(300),
+             kwargs={"stage": "opcheck"}),
+        Case("torch.compile(fullgraph=True): a function that allocates out, calls the "
+             "operator and reads out", pair(777), kwargs={"stage": "compiled"},
+             expects_launch=False),
+    ]  # fmt: skip
+    runs = {stage: _run_add_into(operator, stage) for stage in ("eager", "opcheck", "compiled")}
+
+    def run(x, y, stage: str = "eager"):
+        return runs[stage](x, y)
+
+    return run_check("add_into", run, cases, torch.add, (), ADD_INTO_HINTS, _refine_add_into)
+
+
+def _refine_add_into(cases, results: list[CaseResult]) -> None:
+    """An undeclared mutation shows in opcheck; compiled, it shows only as wrong values."""
+    if any(r.hint == UNDECLARED_HINT for r in results):
+        for result in results:
+            vague = (Hints().wrong_values, Hints().zeros, Hints().read_past_end)
+            if not result.passed and result.hint in vague:
+                result.hint = UNDECLARED_HINT

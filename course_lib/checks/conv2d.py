@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
-from course_lib import references, runtime
+from course_lib import gpu_rules, references, runtime
 from course_lib.checks.engine import (
     Case,
     CaseResult,
@@ -84,6 +85,35 @@ DROPPED_TAPS_HINT = (
     "and mask the taps past K"
 )
 
+CHANNEL_MASK_HINT = (
+    "the x tile reads channels past C: the last channel tile overhangs C, and its load "
+    "needs the channels in its mask too, pixel_ok[:, None] & (c[None, :] < C), with "
+    "other=0.0. The w tile's zeros there do not cancel what lies past x: NaN"
+)
+OUTPUT_AS_MATRIX_HINT = (
+    "the right values landed in the wrong places: your kernel stores the output as an "
+    "[M, N] matrix, one row per output pixel, but out is [B, O, OH, OW]. Store through "
+    "out's strides: b * stride_ob + offs_n * stride_oc + oh * stride_oh + ow * stride_ow"
+)
+WINDOW_HW_HINT = (
+    "rows and columns are mixed up in the window: input row ih = oh * stride_h - pad_h + r "
+    "takes stride[0] and padding[0], input column iw = ow * stride_w - pad_w + s takes "
+    "stride[1] and padding[1]; your kernel used {what}"
+)
+FP16_DIRECT_HINT = (
+    "close but not close enough, in half precision only: accumulate in float32, "
+    "acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32) and acc += x.to(tl.float32) * "
+    "w.to(tl.float32), and convert once when you store"
+)
+DOT_SIZE_HINT = (
+    "a GPU compile refuses a tl.dot whose inner side K is under 16: make BLOCK_K at least "
+    "16 (the interpreter runs smaller tiles, a GPU does not)"
+)
+GPU_REFUSES_HINT = (
+    "a GPU compile refuses your kernel, though the interpreter runs it: the reason above "
+    "names the line"
+)
+
 _BLOCKS = (16, 32, 64, 128)
 
 
@@ -105,7 +135,7 @@ def _params(kwargs: dict) -> tuple[tuple[int, int], tuple[int, int], tuple[int, 
 
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
     """Name the formula a wrong output shape came from."""
-    x, w = case.inputs
+    x, w = case.inputs[:2]
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     stride, padding, dilation = _params(case.kwargs)
 
@@ -157,22 +187,36 @@ HINTS = Hints(
         "the output must have x's dtype: allocate it with dtype=x.dtype and store "
         "acc.to(out_ptr.dtype.element_ty)"
     ),
-    wrong_values="the values differ from torch's conv2d: check the sum over c, r and s",
+    wrong_values=(
+        "the values differ from torch's conv2d, in no pattern the check knows: compare your "
+        "kernel's sum over c, r and s with the formula above, one index at a time"
+    ),
     wrong_shape=_wrong_shape,
+    raised=lambda kind, message: refusal_hint(kind, message),
 )
+
+
+def refusal_hint(kind: str, message: str) -> str | None:
+    """The GPU compiler's refusal, from the interpreter's front end or a GPU's launch."""
+    if "Input shapes should have" in message and "K >= " in message:
+        return DOT_SIZE_HINT
+    return GPU_REFUSES_HINT if kind == gpu_rules.GPURefused.__name__ else None
 
 
 # --- what mistaken kernels compute, for the hints -----------------------------------------
 
 
-def _gathered(x, w, stride, padding, dilation, *, strides=None, mask_padding=True):
+def _gathered(x, w, stride, padding, dilation, *, strides=None, mask_padding=True,
+              window=None):  # fmt: skip
     """conv2d summed tap by tap from x's memory at x[b, c, ih, iw] = memory[b·sB + c·sC +
     ih·sH + iw·sW] for the given strides (x's own by default), as a kernel would read it.
     Without mask_padding, taps in the padding read whatever that offset holds, and NaN
-    outside x's memory, as the guard bands around it would give."""
+    outside x's memory, as the guard bands around it would give. `window`, a (stride,
+    padding) pair, places the window otherwise than the output's size says."""
     (B, C, H, W), (O, _, KH, KW) = x.shape, w.shape
     sB, sC, sH, sW = strides or x.stride()
     OH, OW = _output_hw(x.shape, w.shape, stride, padding, dilation)
+    stride, padding = window or (stride, padding)
     span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()))
     memory = x.as_strided((span,), (1,), x.storage_offset()).double().cpu()
     memory = torch.cat([memory, torch.tensor([math.nan], dtype=torch.float64)])
@@ -266,7 +310,74 @@ def _mistakes(x, w, stride, padding, dilation) -> list[KnownMistake]:
             lambda x, w: _stored_as_nchw(conv(x.double(), w.double()), x),
             OUTPUT_STRIDES_HINT,
         ))  # fmt: skip
+    if OH * OW > 1 and O > 1:
+        found.append(KnownMistake(
+            lambda x, w: _stored_as_matrix(conv(x.double(), w.double())), OUTPUT_AS_MATRIX_HINT
+        ))  # fmt: skip
+    # channels-last memory keeps most of an unmasked channel tile inside x, which makes a
+    # pattern of its own; in NCHW the overhang reads past x's end, NaN like any such read
+    channels_last = x.stride(1) == 1 and C > 1
+    for end in sorted({-(-C // block) * block for block in _BLOCKS if C % block}):
+        if not channels_last:
+            break
+        found.append(KnownMistake(
+            lambda x, w, end=end: _channels_unmasked(x, w, stride, padding, dilation, end),
+            CHANNEL_MASK_HINT,
+        ))  # fmt: skip
+    found += _window_mixups(stride, padding, dilation)
     return found
+
+
+def _window_mixups(stride, padding, dilation) -> list[KnownMistake]:
+    """A window placed with the rows' stride or padding for the columns, or the other way
+    round, or both swapped: wrong only where rows and columns differ."""
+    found = []
+    for name, (h, w) in (("stride", stride), ("padding", padding)):
+        if h == w:
+            continue
+        for used, what in [
+            ((h, h), f"{name}[0] for the columns too"),
+            ((w, w), f"{name}[1] for the rows too"),
+            ((w, h), f"{name}[1] for the rows and {name}[0] for the columns"),
+        ]:
+            window = (used, padding) if name == "stride" else (stride, used)
+            found.append(KnownMistake(
+                lambda x, w_, window=window: _gathered(x, w_, stride, padding, dilation,
+                                                       window=window),
+                WINDOW_HW_HINT.format(what=what),
+            ))  # fmt: skip
+    return found
+
+
+def _channels_unmasked(x, w, stride, padding, dilation, end: int) -> torch.Tensor:
+    """conv2d as a kernel computes it whose x tile is masked on the padding only: the
+    channels from C up to `end`, the end of the last channel tile, are read and multiplied by
+    the w tile's zeros, which cancel every finite value and no NaN of the guard bands."""
+    (B, C, H, W), (KH, KW) = x.shape, w.shape[2:]
+    result = F.conv2d(x.double(), w.double(), None, stride, padding, dilation).cpu()
+    sB, sC, sH, sW = x.stride()
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(x.shape, x.stride()))
+    OH, OW = result.shape[2:]
+    oh, ow = torch.arange(OH)[:, None], torch.arange(OW)[None, :]
+    b = torch.arange(B)[:, None, None, None]
+    c = torch.arange(C, end)[None, :, None, None]
+    for r in range(KH):
+        for s in range(KW):
+            ih = oh * stride[0] - padding[0] + r * dilation[0]
+            iw = ow * stride[1] - padding[1] + s * dilation[1]
+            inside = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # [OH, OW]
+            offsets = b * sB + c * sC + ih * sH + iw * sW  # [B, channels past C, OH, OW]
+            outside = ((offsets < 0) | (offsets >= span)).any(dim=1) & inside  # [B, OH, OW]
+            result = result.masked_fill(outside[:, None], math.nan)
+    return result.to(x.device)
+
+
+def _stored_as_matrix(result: torch.Tensor) -> torch.Tensor:
+    """What a kernel leaves in an NCHW output when it stores acc as a row-major [M, N]
+    matrix, M = B * OH * OW pixels by N = O channels: the right values, misplaced."""
+    out = torch.empty(result.shape, dtype=result.dtype, device=result.device)
+    out.view(-1).copy_(result.permute(0, 2, 3, 1).reshape(-1))
+    return out
 
 
 def _stops(n: int) -> dict[int, str]:
@@ -374,20 +485,21 @@ def _cases(seed: int, direct: bool) -> list[Case]:
     return cases
 
 
-def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
+def _refine(cases: Sequence[Case], results: list[CaseResult], *, direct: bool) -> None:
     """Hints that only a comparison of cases reveals."""
     full = [r for c, r in zip(cases, results) if c.inputs[0].dtype == torch.float32]
     contiguous_pass = all(r.passed for c, r in zip(cases, results) if c.kind == "contiguous")
     # an H/W swap, or a misread weight, reads far outside x on most shapes, which alone
     # looks like a missing mask: where one case names it, say so everywhere
-    carried = {HW_SWAPPED_HINT, WEIGHT_OC_SWAPPED_HINT, WEIGHT_RS_SWAPPED_HINT, WEIGHT_FLAT_HINT}
+    carried = {HW_SWAPPED_HINT, WEIGHT_OC_SWAPPED_HINT, WEIGHT_RS_SWAPPED_HINT, WEIGHT_FLAT_HINT,
+               CHANNEL_MASK_HINT}  # fmt: skip
     named = next((r.hint for r in results if r.hint in carried), None)
     vague = {HINTS.read_past_end, HINTS.wrong_values, HINTS.load_out_of_bounds}
     for case, result in zip(cases, results):
         half = case.inputs[0].dtype in (torch.float16, torch.bfloat16)
         close = result.relative_error is not None and result.relative_error < 1e-2
         if half and close and all(r.passed for r in full):
-            result.hint = FP16_ACCUMULATION_HINT
+            result.hint = FP16_DIRECT_HINT if direct else FP16_ACCUMULATION_HINT
         elif case.kind == "channels_last" and result.hint in vague and contiguous_pass:
             result.hint = STRIDES_IGNORED_HINT
         elif named and result.hint in vague:
@@ -401,13 +513,103 @@ def check_conv2d_direct(fn: ConvFn) -> CheckResult:
     """Check `fn(x, weight, stride=1, padding=0)`, your direct convolution for lesson 06,
     against torch's conv2d in float64: odd sizes, 1x1 to 7x7 kernels, stride and padding
     as ints and pairs, a channels-last input, float16."""
-    return run_check("conv2d_direct", fn, _cases(61, direct=True), references.conv2d,
-                     hints=HINTS, refine=_refine)  # fmt: skip
+    return run_check("conv2d_direct", _refusing(fn), _cases(61, direct=True), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=True))  # fmt: skip
 
 
 def check_conv2d(fn: ConvFn) -> CheckResult:
     """Check `fn(x, weight, stride=1, padding=0, dilation=1)`, your implicit-GEMM
     convolution for lesson 06, against torch's conv2d in float64: the direct check's cases
     and dilation 2, channels that are not a multiple of a tile, more channels-last."""
-    return run_check("conv2d", fn, _cases(62, direct=False), references.conv2d,
-                     hints=HINTS, refine=_refine)  # fmt: skip
+    return run_check("conv2d", _refusing(fn), _cases(62, direct=False), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=False))  # fmt: skip
+
+
+def _refusing(fn: ConvFn) -> ConvFn:
+    """fn, failing a case whose kernel a GPU compile refuses (in the interpreter, which
+    runs it all the same): a tl.dot with BLOCK_K under 16, say."""
+    if not callable(fn):
+        return fn  # the engine says what it got
+    return gpu_rules.refusing(fn)
+
+
+# --- the fused epilogue: bias and ReLU --------------------------------------------------
+
+CONV_BIAS_MISSING_HINT = (
+    "the bias is missing: load the tile's BLOCK_N values of bias, one per output channel, "
+    "masked with n_ok, and add them to every row of acc before the ReLU"
+)
+CONV_BIAS_PER_PIXEL_HINT = (
+    "the bias went along the pixels: it holds one value per output channel, the tile's "
+    "columns, so load it at bias_ptr + offs_n, masked with n_ok, and add it as bias[None, :]"
+)
+CONV_RELU_FIRST_HINT = (
+    "the ReLU came before the bias: add the bias to acc first, then acc = tl.maximum(acc, 0.0)"
+)
+CONV_NO_RELU_HINT = (
+    "the ReLU is missing: acc = tl.maximum(acc, 0.0) after the bias, before the one store"
+)
+
+
+def _epilogue_mistakes(stride, padding, dilation) -> list[KnownMistake]:
+    def conv(x, w):
+        return F.conv2d(x.double(), w.double(), None, stride, padding, dilation)
+
+    def per_pixel(x, w, b, fill):
+        out = conv(x, w)
+        B, O, OH, OW = out.shape
+        m = torch.arange(B * OH * OW, device=out.device).reshape(B, 1, OH, OW)
+        rows = torch.where(m < O, b.double()[m.clamp(max=O - 1)], fill)
+        return (out + rows).relu()
+
+    return [
+        KnownMistake(lambda x, w, b: conv(x, w).relu(), CONV_BIAS_MISSING_HINT),
+        KnownMistake(lambda x, w, b: per_pixel(x, w, b, 0.0), CONV_BIAS_PER_PIXEL_HINT),
+        KnownMistake(lambda x, w, b: per_pixel(x, w, b, math.nan), CONV_BIAS_PER_PIXEL_HINT),
+        KnownMistake(
+            lambda x, w, b: conv(x, w).relu() + b.double()[:, None, None], CONV_RELU_FIRST_HINT
+        ),
+        KnownMistake(lambda x, w, b: conv(x, w) + b.double()[:, None, None], CONV_NO_RELU_HINT),
+    ]
+
+
+def _bias_relu_cases(seed: int) -> list[Case]:
+    generator = case_generator(seed)
+
+    def case(label, x_shape, w_shape, dtype=torch.float32, channels_last=False, **kwargs):
+        base = _case(generator, label, x_shape, w_shape, dtype, channels_last, **kwargs)
+        x, w = base.inputs
+        K = w_shape[1] * w_shape[2] * w_shape[3]
+        # a bias as large as the sums, so that one left out, or misplaced, shows
+        bias = random_input(generator, (w_shape[0],), dtype, scale=math.sqrt(K) / 2)
+        stride, padding, dilation = _params(kwargs)
+
+        def reference(x, w, b):
+            out = F.conv2d(x.double(), w.double(), b.double(), stride, padding, dilation)
+            return out.relu().to(x.dtype)
+
+        mistakes = [*_epilogue_mistakes(stride, padding, dilation)]
+        mistakes += [KnownMistake(lambda x, w, b, m=m: m.compute(x, w).relu(), m.hint)
+                     for m in base.mistakes]  # fmt: skip
+        return replace(base, inputs=(x, w, bias), reference=reference, mistakes=mistakes,
+                       input_names=("x", "weight", "bias"))  # fmt: skip
+
+    cases = [
+        case("odd image, padding 1", (1, 3, 13, 11), (3, 3, 3, 3), padding=1),
+        case("C and O past a tile", (1, 37, 6, 5), (19, 37, 3, 3), padding=1),
+        case("stride 2, padding (2, 1)", (1, 2, 12, 9), (2, 2, 5, 5), stride=2, padding=(2, 1)),
+        case("dilation 2", (1, 4, 11, 10), (5, 4, 3, 3), padding=2, dilation=2),
+        case("channels-last", (2, 3, 9, 8), (2, 3, 3, 3), channels_last=True, padding=1),
+    ]
+    for dtype in runtime.DTYPES[1:]:
+        cases.append(case("3x3", (1, 33, 7, 9), (10, 33, 3, 3), dtype, padding=1,
+                          channels_last=True))  # fmt: skip
+    return cases
+
+
+def check_conv2d_bias_relu(fn: ConvFn) -> CheckResult:
+    """Check `fn(x, weight, bias, stride=1, padding=0, dilation=1)`, your implicit GEMM with
+    the bias and a ReLU fused into its epilogue, for lesson 06, against
+    relu(conv2d(x, weight, bias)) computed in float64."""
+    return run_check("conv2d_bias_relu", _refusing(fn), _bias_relu_cases(63), references.conv2d,
+                     hints=HINTS, refine=functools.partial(_refine, direct=False))  # fmt: skip

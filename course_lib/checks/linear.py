@@ -9,14 +9,17 @@ never the ones that `y.sum().backward()` would send, which no forward mistake ca
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from course_lib import references, runtime
+from course_lib import gpu_rules, references, runtime
+from course_lib.checks.conv2d import refusal_hint
 from course_lib.checks.engine import (
     RAISED_HINT,
     Case,
@@ -114,6 +117,66 @@ GRADIENT_SHAPE_HINT = (
     "gz summed over every row"
 )
 
+Z_AFTER_ACTIVATION_HINT = (
+    "the z you returned holds the activation's output: store z = acc in the epilogue after "
+    "the bias and before the activation overwrites acc, and return (y, z) in that order"
+)
+Z_WITHOUT_BIAS_HINT = (
+    "the z you returned lacks the bias: z = x @ weight^T + bias, the accumulator after the "
+    "bias is added and before the activation"
+)
+NO_Z_HINT = (
+    "with save_z=True, linear_forward returns a pair (y, z), z = x @ weight^T + bias "
+    "shaped like y: allocate z, let the kernel store it where SAVE_Z, and return both"
+)
+Z_SHAPE_HINT = (
+    "z must have y's shape, [..., out_features]: return z.view(y.shape) (or reshape it "
+    "with x's leading dimensions, as y)"
+)
+SAVED_ORDER_HINT = (
+    "forward saved the tensors in another order than backward unpacks them: backward reads "
+    "x, weight, slope_from = ctx.saved_tensors, so save them in that order, "
+    "ctx.save_for_backward(x or None, weight or None, y or z or None)"
+)
+SAVES_UNNEEDED_HINT = (
+    "with the weight frozen, forward saved x, which only the weight's gradient reads: save "
+    "x only where ctx.needs_input_grad[1] is True, and None in its place otherwise"
+)
+COMPUTES_UNWANTED_HINT = (
+    "with the weight and the bias frozen, your backward launched as many kernels as with "
+    "all three trained: compute only the gradients ctx.needs_input_grad asks for, and "
+    "return None for the others"
+)
+NONE_SAVED_USED_HINT = (
+    "with the weight and the bias frozen, your backward failed, though it works when all "
+    "three are trained: it computes a gradient nobody asked for from a tensor forward "
+    "rightly did not save (None). Compute grad_weight only where ctx.needs_input_grad[1]"
+)
+TORCH_PRODUCT_HINT = (
+    "your backward computed a product with PyTorch ({ops}): compute both with your kernel, "
+    "grad_x = product(gz, weight) and grad_weight = product(gz.t(), x2d)"
+)
+
+
+class NoZ(RuntimeError):
+    """linear_forward(..., save_z=True) did not return a pair (y, z)."""
+
+
+class SavedOutOfOrder(RuntimeError):
+    """Forward saved the weight where backward unpacks x, or x where it unpacks the weight."""
+
+
+class SavesUnneeded(RuntimeError):
+    """Forward saved x though the weight's gradient, the only one that reads it, is not wanted."""
+
+
+class ComputesUnwanted(RuntimeError):
+    """The backward launched as much with inputs frozen as with all of them trained."""
+
+
+class TorchProductInBackward(RuntimeError):
+    """The backward computed a matrix product with PyTorch."""
+
 
 class NoGradient(RuntimeError):
     """The checked function's result is not part of an autograd graph."""
@@ -134,6 +197,8 @@ class NoKernelInBackward(RuntimeError):
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
     x, weight = case.inputs[:2]
     rows = x.numel() // x.shape[-1]
+    if case.kwargs.get("save_z") and x.dim() > 2 and got == [rows, weight.shape[0]]:
+        return Z_SHAPE_HINT
     if x.dim() > 2 and got in ([rows, weight.shape[0]], [x.shape[0], weight.shape[0]]):
         return LEADING_DIMS_HINT
     if got[-1:] == [weight.shape[1]] and weight.shape[0] != weight.shape[1]:
@@ -152,9 +217,17 @@ def _raised(kind: str, message: str) -> str | None:
         MissingGradient.__name__: MISSING_GRADIENT_HINT,
         WrongOutputShape.__name__: LEADING_DIMS_HINT,
         NoKernelInBackward.__name__: NO_KERNEL_IN_BACKWARD_HINT,
+        NoZ.__name__: NO_Z_HINT,
+        SavedOutOfOrder.__name__: SAVED_ORDER_HINT,
+        SavesUnneeded.__name__: SAVES_UNNEEDED_HINT,
+        ComputesUnwanted.__name__: COMPUTES_UNWANTED_HINT,
     }
     if kind in own:
         return own[kind]
+    if kind == TorchProductInBackward.__name__:
+        return TORCH_PRODUCT_HINT.format(ops=message.rsplit(": ", 1)[-1])
+    if refused := refusal_hint(kind, message):
+        return refused
     if "returned a gradient different than None" in message:
         return NONE_FOR_NONE_HINT
     if "Use .reshape(" in message:
@@ -358,17 +431,23 @@ def _forward_cases(seed: int) -> list[Case]:
     cases = []
 
     def case(x_shape, out_features, why, activation=None, dtype=torch.float32, has_bias=True,
-             x_transposed=False, weight_transposed=False):  # fmt: skip
+             x_transposed=False, weight_transposed=False, save_z=False):  # fmt: skip
         inputs = _layer(generator, x_shape, out_features, dtype, has_bias, x_transposed,
                         weight_transposed=weight_transposed)  # fmt: skip
-        kwargs = ({} if has_bias else {"bias": None}) | (
-            {} if activation is None else {"activation": activation}
+        kwargs = (
+            ({} if has_bias else {"bias": None})
+            | ({} if activation is None else {"activation": activation})
+            | ({"save_z": True} if save_z else {})
         )
+        label = _describe(x_shape, out_features, activation, dtype, why, has_bias)
         cases.append(Case(
-            _describe(x_shape, out_features, activation, dtype, why, has_bias), inputs,
-            _kind(x_shape, dtype), _tolerance(dtype), math.sqrt(x_shape[-1]), kwargs,
-            reference=lambda x, w, b=None: references.linear(x, w, b, activation),
-            mistakes=_forward_mistakes(activation, has_bias),
+            f"{label}: the z of save_z=True" if save_z else label, inputs,
+            "z" if save_z else _kind(x_shape, dtype), _tolerance(dtype),
+            math.sqrt(x_shape[-1]), kwargs,
+            reference=lambda x, w, b=None: references.linear(
+                x, w, b, None if save_z else activation
+            ),
+            mistakes=_z_mistakes(activation) if save_z else _forward_mistakes(activation, has_bias),
             input_names=("x", "weight", "bias")[: len(inputs)],
         ))  # fmt: skip
 
@@ -386,7 +465,97 @@ def _forward_cases(seed: int) -> list[Case]:
     for dtype in runtime.DTYPES[1:]:
         case((2, 7, 40), 24, "leading dimensions", "relu", dtype)
     case((3, 11), 5, "gradcheck's dtype", "gelu", torch.float64)
+    case((2, 5, 45), 29, "leading dimensions [2, 5]", "gelu", save_z=True)
+    case((37, 45), 29, "in > out", "relu", save_z=True)
     return cases
+
+
+def _z_mistakes(activation: str | None) -> list[KnownMistake]:
+    """z stored after the activation, or before the bias."""
+    return [
+        KnownMistake(lambda x, w, b: _forward64(x, w, b, activation), Z_AFTER_ACTIVATION_HINT),
+        KnownMistake(lambda x, w, b: _forward64(x, w, None, None), Z_WITHOUT_BIAS_HINT),
+    ]
+
+
+def _forward_with_z(fn: Callable) -> Callable:
+    """fn as the forward check calls it: y, or for a case of save_z=True the z it returns."""
+
+    @functools.wraps(fn)
+    def run(*inputs, save_z: bool = False, **kwargs):
+        if not save_z:
+            return fn(*inputs, **kwargs)
+        out = fn(*inputs, save_z=True, **kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise NoZ(f"save_z=True returned {type(out).__name__}, not a pair (y, z)")
+        return out[1]
+
+    return run
+
+
+def _function_node(y: torch.Tensor):
+    """The node of the torch.autograd.Function that produced y (a view of its output too),
+    or None."""
+    todo, seen = [y.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            return node
+        todo += [parent for parent, _ in node.next_functions]
+    return None
+
+
+def _shares_memory(a, b: torch.Tensor) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
+def _check_saved(y, x, weight, x_alone: bool) -> None:
+    """What the Function saved: x where backward unpacks x, the weight where it unpacks the
+    weight, and no x where the weight's gradient is not wanted."""
+    node = _function_node(y)
+    saved = tuple(getattr(node, "saved_tensors", ()) or ())
+    if len(saved) >= 2 and (
+        _shares_memory(saved[0], weight) or _shares_memory(saved[1], x)
+    ) and not _shares_memory(saved[0], x):  # fmt: skip
+        raise SavedOutOfOrder("forward saved the weight first, or x second")
+    if x_alone and any(_shares_memory(t, x) for t in saved):
+        raise SavesUnneeded("forward saved x, though the weight is frozen")
+
+
+_PRODUCTS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "mv", "addmv", "dot", "linear")
+
+
+class _TorchProducts(TorchDispatchMode):
+    """Records the matrix products PyTorch computes while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _PRODUCTS and name not in self.found:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _launches_all_trained(fn, x, weight, bias, grad_output, kwargs) -> int | None:
+    """How many kernels fn's backward launches with x, weight and bias all trained; None
+    where that fails (the other cases say why)."""
+    leaves = [t.detach().requires_grad_(True) for t in (x, weight, bias) if t is not None]
+    try:
+        y = fn(leaves[0], leaves[1], leaves[2] if bias is not None else None, **kwargs)
+        with counting_launches() as launches, _TorchProducts() as products:
+            torch.autograd.grad(y, leaves, grad_output, allow_unused=True)
+    except Exception:  # noqa: BLE001
+        return None
+    return None if products.found else launches[0]  # PyTorch's products: named elsewhere
 
 
 def _run_part(fn: Callable, part: str) -> Callable:
@@ -413,12 +582,24 @@ def _run_part(fn: Callable, part: str) -> Callable:
             raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
         if y.shape != grad_output.shape:
             raise WrongOutputShape(f"y has shape {list(y.shape)}, not {list(grad_output.shape)}")
-        with counting_launches() as launches:
+        alone = part.endswith(" alone")
+        _check_saved(y, leaves["x"], leaves["weight"], alone)
+        with counting_launches() as launches, _TorchProducts() as products:
             grads = torch.autograd.grad(
                 y, [leaves[name] for name in trained], grad_output, allow_unused=True
             )
         if launches[0] == 0:
             raise NoKernelInBackward("the backward launched no Triton kernel")
+        if products.found:
+            raise TorchProductInBackward(
+                f"the backward ran PyTorch's products: {', '.join(products.found)}"
+            )
+        if alone:
+            everything = _launches_all_trained(fn, x, weight, bias, grad_output, kwargs)
+            if everything is not None and launches[0] >= everything:
+                raise ComputesUnwanted(
+                    f"{launches[0]} launches with the weight frozen, {everything} with it trained"
+                )
         grad = grads[trained.index(wanted)]
         if grad is None:
             raise MissingGradient(f"backward returned None as the gradient of `{wanted}`")
@@ -532,14 +713,23 @@ def _refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
             result.hint = LEADING_DIMS_HINT
         elif case.kind == "float64" and plain_pass and (result.relative_error or 1) < 1e-4:
             result.hint = FLOAT64_HINT
+        elif (
+            case.kwargs.get("part") == "x alone" and "NoneType" in " ".join(result.problems)
+            and all(r.passed for c, r in zip(cases, results)
+                    if c.kwargs.get("part") == "x" and c.inputs[0] is case.inputs[0])
+        ):  # fmt: skip
+            result.hint = NONE_SAVED_USED_HINT
 
 
 def check_linear_forward(fn: Callable[..., torch.Tensor]) -> CheckResult:
     """Check `fn(x, weight, bias, activation=...)`, your forward for lesson 07, against
     activation(x @ weight^T + bias) computed in float64 and rounded once."""
+    if not callable(fn):
+        raise TypeError(f"check_linear_forward expects your function, got {type(fn).__name__}")
     return run_check(
-        "linear_forward", fn, _forward_cases(seed=17), references.linear, (), HINTS, _refine
-    )
+        "linear_forward", gpu_rules.refusing(_forward_with_z(fn)), _forward_cases(seed=17),
+        references.linear, (), HINTS, _refine,
+    )  # fmt: skip
 
 
 def check_linear(fn: Callable[..., torch.Tensor]) -> CheckResult:
@@ -556,4 +746,5 @@ def check_linear(fn: Callable[..., torch.Tensor]) -> CheckResult:
     cases = [
         replace(case, kwargs=case.kwargs | {"part": part}) for part, case in _autograd_cases(19)
     ]
-    return run_check("linear", run, cases, references.linear, (), HINTS, _refine)
+    return run_check("linear", gpu_rules.refusing(run), cases, references.linear, (), HINTS,
+                     _refine)  # fmt: skip
