@@ -81,7 +81,7 @@ MAX_LESSON_WORDS = {
 }
 # lessons whose expert material has not yet moved to their appendices: a strict xfail, so that
 # this list must shrink as soon as one of them holds the limits
-OVER_THE_LIMITS = {"06_conv2d.ipynb", "07_linear.ipynb", "08_torch_compile.ipynb"}
+OVER_THE_LIMITS = {"08_torch_compile.ipynb"}
 
 
 @pytest.mark.parametrize(
