@@ -79,24 +79,9 @@ MAX_LESSON_WORDS = {
     "07_linear.ipynb": 6500,
     "08_torch_compile.ipynb": 6500,
 }
-# lessons whose expert material has not yet moved to their appendices: a strict xfail, so that
-# this list must shrink as soon as one of them holds the limits
-OVER_THE_LIMITS = {"08_torch_compile.ipynb"}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            p.name,
-            id=p.stem,
-            marks=[pytest.mark.xfail(strict=True, reason="over the word limits")]
-            if p.name in OVER_THE_LIMITS
-            else [],
-        )
-        for p in SOLUTIONS
-    ],
-)
+@pytest.mark.parametrize("name", [pytest.param(p.name, id=p.stem) for p in SOLUTIONS])
 def test_markdown_keeps_to_the_word_limits(name):
     nb = nbformat.read(builder.SOLUTIONS / name, as_version=4)
     words = {i: len(c.source.split()) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"}
