@@ -70,6 +70,7 @@ def set_limits(rlimits: dict[str, int]) -> None:
 def main(job_dir: str) -> None:
     job_path = Path(job_dir)
     job = json.loads((job_path / "job.json").read_text())
+    (job_path / "job.json").unlink()  # the seed and the lesson are not left lying around
     set_limits(job.get("rlimits", {}))
     progress = job_path / "progress.jsonl"
 

@@ -183,6 +183,9 @@ FORBIDDEN_MODULES = (
     "course_lib.builder",
     "course_lib.recordings",
     "course_lib.interpreter_guard",
+    # what the grader's watch of PyTorch (grader/watch.py) is made of
+    "torch.utils._python_dispatch",
+    "torch._C._TorchDispatchModeKey",
 )
 # what a check runs on in the learner's process: an answer must not replace any of it
 PROTECTED_ATTRIBUTES = ("course_lib", "torch.library", "torch._dynamo", "torch.compile",

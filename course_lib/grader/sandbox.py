@@ -192,6 +192,16 @@ def _gpu_devices() -> list[str]:
     return devices + [str(p) for p in sorted(Path("/dev").glob("dri/*"))]
 
 
+@functools.cache
+def _bwrap_knows(bwrap: str, option: str) -> bool:
+    """Whether this bwrap has `option` (--size and --disable-userns came with 0.7 and 0.8)."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return option in done.stdout + done.stderr
+
+
 def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) -> list[str]:
     """The bwrap command line (before the Python command) for a job folder."""
     bwrap = shutil.which("bwrap")
@@ -204,7 +214,8 @@ def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) 
                "--proc", "/proc"]  # fmt: skip
     for device in _gpu_devices():
         command += ["--dev-bind", device, device]
-    command += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
+    size = ["--size", str(TMPFS_BYTES)] if _bwrap_knows(bwrap, "--size") else []
+    command += ["--perms", "1777", *size, "--tmpfs", "/tmp"]
     for folder in masked:
         command += ["--tmpfs", str(folder)]
     cover = [*masked, Path("/tmp")]
@@ -224,8 +235,9 @@ def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) 
             made.add(folder)
             command += ["--perms", "0755", "--dir", str(folder)]
     command += ["--bind", str(job_dir), str(job_dir), "--chdir", str(job_dir)]
-    inner = ["--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
-             "--gid", str(SANDBOX_GID)]  # fmt: skip
+    inner = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
+    if _bwrap_knows(bwrap, "--disable-userns"):
+        inner.insert(1, "--disable-userns")
     if os.geteuid() == 0:
         # bwrap as root mounts; the learner's process then runs as nobody, in a user
         # namespace of its own that nobody made (so it holds no privilege over anything)
