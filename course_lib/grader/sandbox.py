@@ -207,7 +207,8 @@ def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) 
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bwrap is not installed: {INSTALL_HINT}")
-    masked = masked_folders(hidden)
+    # every job's folder lies in the temporary folder: hidden too where it is not /tmp
+    masked = masked_folders((*hidden, Path(tempfile.gettempdir())))
     command = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
                "--new-session", "--ro-bind", "/", "/", "--dev", "/dev",
