@@ -390,6 +390,10 @@ def test_a_progress_file_turned_into_a_pipe_costs_only_its_own_run(graded):
 
 
 def test_memory_is_limited(graded):
+    from course_lib import runtime
+
+    if not runtime.INTERPRETED:
+        pytest.skip("on a GPU the grader sets no address-space limit (CUDA maps its memory)")
     row = _row(graded, "hog", "check-axpy")
     assert row["score"] == "0" and "MemoryError" in row["reason"], row
 
