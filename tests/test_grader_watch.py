@@ -13,7 +13,7 @@ import torch
 
 from course_lib.builder import NOTEBOOKS, SOLUTIONS
 from course_lib.grader.child import run_cell
-from course_lib.grader.watch import Watch, watched
+from course_lib.grader.watch import Watch, watched, watching_backwards
 
 KERNEL = """
 import torch, triton, triton.language as tl
@@ -104,6 +104,44 @@ def test_an_output_no_kernel_of_the_notebook_received_is_counted(name):
     f, watch = _watched(name)
     f(torch.randn(100))
     assert watch.unlaunched == 1, watch
+
+
+DOUBLE = """
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return launch(x.contiguous(), torch.empty_like(x))  # a copy; the test needs no more
+
+    @staticmethod
+    def backward(ctx, grad):
+        return BACKWARD
+
+def f(x):
+    return Double.apply(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("backward", "found"),
+    [
+        ("launch(grad.contiguous(), torch.empty_like(grad))", None),
+        ("grad * 2", "aten.mul"),
+        ("grad.clone()", "came from no kernel of yours"),
+    ],
+)
+def test_a_notebooks_autograd_backward_is_watched_too(backward, found):
+    namespace = {"__name__": "__main__"}
+    run_cell(KERNEL, 1, namespace)
+    run_cell(DOUBLE.replace("BACKWARD", backward), 2, namespace)
+    watch = Watch()
+    x = torch.randn(8, requires_grad=True)
+    with watching_backwards(namespace, watch):
+        watched(namespace["f"], watch)(x).sum().backward()
+    if found is None:
+        assert watch.computed == [] and x.grad is not None, watch
+    else:
+        assert watch.computed and found in watch.computed[0], watch
+    assert "learners_backward" not in repr(namespace["Double"].__dict__["backward"])
 
 
 def test_the_watch_keeps_the_functions_name_and_signature():

@@ -80,7 +80,7 @@ def main(job_dir: str) -> None:
     import course_lib
     from course_lib.checks import CheckFailed, ExerciseNotDone, replay
     from course_lib.checks.engine import grading_seed
-    from course_lib.grader.watch import Watch, watched
+    from course_lib.grader.watch import Watch, watched, watching_backwards
 
     checkers = {e["checker"]: getattr(course_lib, e["checker"], None) for e in job["exercises"]}
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
@@ -95,7 +95,11 @@ def main(job_dir: str) -> None:
             fn = namespace.get(exercise["function"])
             outcome["signature"] = _signature(fn) if callable(fn) else None
             watch = Watch()
-            with replay.recording() as recorder, grading_seed(job["seed"]):
+            with (
+                replay.recording() as recorder,
+                grading_seed(job["seed"]),
+                watching_backwards(namespace, watch),
+            ):
                 try:
                     if not callable(fn):
                         raised = errors.get(exercise["function"])

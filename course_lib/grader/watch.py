@@ -14,7 +14,9 @@ under a check, `Watch` lets through what a launcher does:
 Anything else (arithmetic, reductions, activations, an index or a gather), a copy of a
 transposed or permuted view (which is a transpose computed by PyTorch), a copy of a tensor
 PyTorch did not make in this call (NumPy's, say) or a copy to another device is a finding
-that names the operator. Triton's own work during a launch (the interpreter copies tensors
+that names the operator; so it is in the backward of a `torch.autograd.Function` the
+notebook defines (`watching_backwards`), whose gradients kernels must write too. Triton's
+own work during a launch (the interpreter copies tensors
 to NumPy and back) is not watched. The learner's function must also hand back a tensor that
 one of the notebook's own kernels received: `Watch.unlaunched` counts the calls that did not.
 
@@ -99,7 +101,7 @@ def _from_the_guard_bands() -> bool:
     which put every tensor the launcher allocates inside poisoned margins."""
     frame = sys._getframe(2)
     for _ in range(12):
-        if frame is None or frame.f_code is _WRAPPER_CODE:
+        if frame is None or frame.f_code in _WRAPPER_CODES:
             return False
         # every op passes through the arena's __torch_function__; its helpers are its own
         if (
@@ -253,4 +255,46 @@ def watched(fn, watch: Watch):
     return learners_function
 
 
-_WRAPPER_CODE = watched(lambda: None, Watch()).__code__
+def _backward_watched(backward, watch: Watch):
+    @functools.wraps(backward)
+    def learners_backward(ctx, *grads):
+        saved = list(getattr(ctx, "saved_tensors", ()) or ())
+        inputs = list(_tensors([*grads, *saved]))
+        received: set[int] = set()
+        with _launches_unwatched(received), _Mode(watch, inputs):
+            out = backward(ctx, *grads)
+        returned = [t for t in _tensors(out) if t.numel()]
+        if not all(_storage(t) in received for t in returned):
+            watch.finding("a gradient its backward returned came from no kernel of yours")
+        return out
+
+    return learners_backward
+
+
+@contextlib.contextmanager
+def watching_backwards(namespace: dict, watch: Watch):
+    """Watch the backward of every torch.autograd.Function the notebook defined, for the
+    block: autograd calls it after the learner's function has returned (lesson 07)."""
+    classes = [
+        value
+        for value in list(namespace.values())
+        if isinstance(value, type)
+        and issubclass(value, torch.autograd.Function)
+        and value.__module__ == "__main__"
+        and "backward" in value.__dict__
+    ]
+    originals = {cls: cls.__dict__["backward"] for cls in classes}
+    for cls, original in originals.items():
+        function = original.__func__ if isinstance(original, staticmethod) else original
+        cls.backward = staticmethod(_backward_watched(function, watch))
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.backward = original
+
+
+_WRAPPER_CODES = (
+    watched(lambda: None, Watch()).__code__,
+    _backward_watched(lambda ctx: None, Watch()).__code__,
+)
