@@ -221,7 +221,10 @@ def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) 
         command += ["--tmpfs", str(folder)]
     cover = [*masked, Path("/tmp")]
     made: set[Path] = set()
-    for path in needed_paths(sys_path):
+    # the inner bwrap and setpriv run inside: their folders too (a bwrap unpacked in /tmp)
+    tools = [shutil.which(t) for t in ("bwrap", "setpriv")] if os.geteuid() == 0 else []
+    tool_dirs = [Path(os.path.realpath(t)).parent for t in tools if t]
+    for path in _outermost([*needed_paths(sys_path), *tool_dirs]):
         mask = next((m for m in cover if _inside(path, m)), None)
         if mask is None:
             continue
