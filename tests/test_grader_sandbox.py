@@ -126,6 +126,10 @@ def test_the_sandbox_command_hides_mounts_back_and_drops_privilege(tmp_path):
     assert f"--bind {job} {job}" in text and text.count("--bind ") == 1  # its only writable
     if os.geteuid() == 0:
         assert f"--reuid={sandbox.SANDBOX_UID}" in text
+    # a sys.path entry that is (or holds) a hidden folder is not mounted back over it
+    home = Path.home().resolve()
+    uncovering = " ".join(sandbox.bwrap_command(job, [str(home)], ()))
+    assert f"--tmpfs {home}" in uncovering and f"--ro-bind {home} {home}" not in uncovering
 
 
 def test_free_space_is_checked_before_a_run(tmp_path):

@@ -148,10 +148,10 @@ def _outermost(paths) -> list[Path]:
     return [p for p in unique if not any(o != p and o in p.parents for o in unique)]
 
 
-def masked_folders(hidden: tuple[Path, ...]) -> list[Path]:
+def masked_folders(hidden: tuple[Path, ...], outermost: bool = True) -> list[Path]:
     """The folders the sandbox replaces with empty tmpfs: those asked for, the course's
     own folder where it is a checkout (solutions, notebooks, history), and the home
-    folders of the instructor and of root."""
+    folders of the instructor and of root (with `outermost`, none inside another)."""
     folders = [Path(p) for p in hidden]
     root = course_root()
     if any((root / name).exists() for name in ("solutions", "notebooks", ".git")):
@@ -166,7 +166,7 @@ def masked_folders(hidden: tuple[Path, ...]) -> list[Path]:
             continue
         if folder.is_dir() and str(folder) not in _SYSTEM and not _inside(folder, Path("/tmp")):
             found.append(folder)
-    return _outermost(found)
+    return _outermost(found) if outermost else sorted(set(found))
 
 
 def needed_paths(sys_path: list[str]) -> list[Path]:
@@ -224,10 +224,11 @@ def bwrap_command(job_dir: Path, sys_path: list[str], hidden: tuple[Path, ...]) 
     # the inner bwrap and setpriv run inside: their folders too (a bwrap unpacked in /tmp)
     tools = [shutil.which(t) for t in ("bwrap", "setpriv")] if os.geteuid() == 0 else []
     tool_dirs = [Path(os.path.realpath(t)).parent for t in tools if t]
+    every_mask = masked_folders((*hidden, Path(tempfile.gettempdir())), outermost=False)
     for path in _outermost([*needed_paths(sys_path), *tool_dirs]):
         mask = next((m for m in cover if _inside(path, m)), None)
-        if mask is None:
-            continue
+        if mask is None or any(_inside(m, path) for m in every_mask):
+            continue  # not masked; or holding a masked folder, which it would uncover
         # the folders on the way, passable by the sandbox's uid (bwrap makes them 0700)
         for folder in reversed(path.parents):
             if mask in folder.parents and folder not in made:
