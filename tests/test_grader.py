@@ -46,6 +46,60 @@ PATCHED_CHECK = ADD.replace("    return out\n    ### END", "    return out + 1\n
 HANG = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
 DIE = "import os\nos.kill(os.getpid(), 9)\n"
 LOUD = "print('x' * 50_000_000)\n" + AXPY
+COURSE = Path(sandbox.__file__).resolve().parents[2]
+# an empty kernel launched on the output, then PyTorch's result copied into it, spelled
+# several ways a reading of the text misses
+EMPTY_KERNEL = (
+    "@triton.jit\ndef nothing_kernel(out_ptr):\n    pass\n\n"
+    "def add(x, y):\n    out = torch.empty_like(x)\n    nothing_kernel[(1,)](out)\n"
+)
+TORCH_SPELLINGS = {
+    "copy_after_launch": EMPTY_KERNEL + "    out[:] = x + y\n    return out\n",
+    "getattr_alias": EMPTY_KERNEL
+    + "    f = getattr(torch, 'ad' + 'd')\n    out.copy_(f(x, y))\n    return out\n",
+    "encoded_exec": EMPTY_KERNEL
+    + "    import base64\n    ns = {'x': x, 'y': y}\n"
+    + "    exec(base64.b64decode('cj0geCt5').decode(), ns)\n"  # r= x+y
+    + "    out.copy_(ns['r'])\n    return out\n",
+    "numpy_round_trip": EMPTY_KERNEL
+    + "    import numpy\n    out.copy_(torch.from_numpy(numpy.add(x.numpy(), y.numpy())))\n"
+    + "    return out\n",
+    "numpy_returned": EMPTY_KERNEL
+    + "    import numpy\n    return torch.from_numpy(numpy.add(x.numpy(), y.numpy()))\n",
+}
+# learner code that tries to change what it must not: the course (a lesson notebook, a
+# bytecode file beside the grader), the environment, Python's library, the home folder
+ESCAPE_TARGETS = [
+    COURSE / "notebooks" / "02_relu.ipynb",
+    COURSE / "course_lib" / "grader" / "__pycache__" / "planted.pyc",
+    Path(sys.prefix) / "planted.txt",
+    Path(os.path.dirname(os.__file__)) / "planted.py",
+    Path.home() / "planted.txt",
+]
+ESCAPE = (
+    "import os\n"
+    f"for target in {[str(t) for t in ESCAPE_TARGETS]!r}:\n"
+    "    try:\n"
+    "        with open(target, 'a') as f:\n"
+    "            f.write('planted')\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+# reads what it must not see: the course's solutions, other jobs' folders
+PEEK = (
+    "import glob, os\n"
+    f"seen = glob.glob({str(COURSE / 'solutions' / '*')!r})\n"
+    "mine = os.getcwd()  # its own job folder\n"
+    "seen += [p for p in glob.glob('/tmp/course-grade-*/*/*') if not p.startswith(mine)]\n"
+    "for path in glob.glob('/tmp/course-grade-*/*/progress.jsonl'):\n"
+    "    if path.startswith(mine):\n"
+    "        continue\n"
+    '    open(path, \'a\').write(\'{"cell": 0, "event": "start", "time": 0}\\n\')\n'
+    "if seen:\n"
+    "    axpy = None\n"
+)
+FIFO_PROGRESS = "import os\nos.remove('progress.jsonl')\nos.mkfifo('progress.jsonl')\n"
+HOG = "hoard = bytearray(64 * 2**30)\n" + AXPY
 
 FIXTURES = {
     "correct": {},
@@ -61,6 +115,11 @@ FIXTURES = {
     "unsolved": STUBS,
     "undefined": {"ex-vector-add": "BLOCK_SIZE = 1024\n", "ex-axpy": AXPY},
     "raises": {"ex-vector-add": "raise RuntimeError('stopped early')\n" + ADD},
+    **{name: {"ex-vector-add": source} for name, source in TORCH_SPELLINGS.items()},
+    "escape": {"ex-axpy": AXPY + "\n" + ESCAPE},
+    "peek": {"ex-axpy": AXPY + "\n" + PEEK},
+    "fifo_progress": {"ex-axpy": AXPY + "\n" + FIFO_PROGRESS},
+    "hog": {"ex-axpy": HOG},
 }
 
 
@@ -92,6 +151,17 @@ def _rename_axpy_cell(nb) -> None:
             cell.metadata["nbgrader"]["grade_id"] = "my-axpy"
 
 
+def _needs_sandbox() -> None:
+    """Skip where bwrap cannot run (a developer's machine without it); CI, which installs
+    it (.ci/run sets COURSE_REQUIRE_SANDBOX), fails instead."""
+    try:
+        sandbox.check_sandbox((), [])
+    except sandbox.SandboxUnavailable as error:
+        if os.environ.get("COURSE_REQUIRE_SANDBOX"):
+            raise
+        pytest.skip(f"the grader's sandbox cannot run here: {error}")
+
+
 def _grade(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "course_lib.grader", *args],
@@ -109,6 +179,7 @@ def _rows(results: Path) -> dict[tuple[str, str], dict]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    _needs_sandbox()
     root = tmp_path_factory.mktemp("grading")
     subs = root / "subs"
     for learner, answers in FIXTURES.items():
@@ -140,7 +211,15 @@ def graded(tmp_path_factory):
     planted = subs / "planted" / "course_lib"
     planted.mkdir()
     (planted / "__init__.py").write_text("raise SystemExit('the planted course_lib ran')\n")
-    before = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
+    # links: to the course's solution, to another learner's notebook; and one learner's
+    # second copy of the lesson, in old/ and as "(copy)"
+    (subs / "link_to_solution").mkdir()
+    (subs / "link_to_solution" / f"{LESSON}.ipynb").symlink_to(SOLUTIONS / f"{LESSON}.ipynb")
+    (subs / "link_to_other").symlink_to(subs / "correct")
+    _submission(subs / "copies" / f"{LESSON}.ipynb", {"ex-axpy": ALPHA_ON_Y})
+    _submission(subs / "copies" / "old" / f"{LESSON}.ipynb", {})
+    _submission(subs / "copies" / f"{LESSON} (copy).ipynb", {})
+    before = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file() and not p.is_symlink()}
     started = time.perf_counter()
     # run from inside the submissions, where a planted package would be found first. The
     # cell limit leaves room: lesson 01's check of its unmasked kernel takes about 12 s in
@@ -151,8 +230,8 @@ def graded(tmp_path_factory):
     )  # fmt: skip
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stderr[-3000:]
-    after = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file()}
-    print(f"graded {len(FIXTURES) + 5} submissions in {elapsed:.0f} s")
+    after = {p: p.read_bytes() for p in subs.rglob("*") if p.is_file() and not p.is_symlink()}
+    print(f"graded {len(FIXTURES) + 8} submissions in {elapsed:.0f} s")
     return {"rows": _rows(root / "results"), "results": root / "results", "run": done,
             "unchanged": before == after, "subs": subs}  # fmt: skip
 
@@ -185,7 +264,21 @@ def test_a_wrong_kernel_scores_nothing_and_its_report_names_the_mistake(graded):
 
 def test_torch_cannot_pass_for_a_kernel(graded):
     row = _row(graded, "torch_result", "check-vector-add")
-    assert row["score"] == "0" and "PyTorch computes" in row["reason"]
+    assert row["score"] == "0" and "computes with PyTorch" in row["reason"], row
+    assert "aten.add" in row["reason"] and "seems to return x + y" in row["flags"]
+
+
+@pytest.mark.parametrize("learner", sorted(TORCH_SPELLINGS))
+def test_torch_reached_any_way_scores_nothing_and_names_the_op(graded, learner):
+    row = _row(graded, learner, "check-vector-add")
+    assert row["score"] == "0", row
+    if learner == "numpy_returned":  # no ATen op at all: no kernel received the result
+        assert "none of your kernels received" in row["reason"], row
+    elif learner == "numpy_round_trip":
+        assert "PyTorch did not make here" in row["reason"], row
+    else:
+        assert "computes with PyTorch" in row["reason"] and "aten.add" in row["reason"], row
+    assert _row(graded, learner, "check-axpy")["score"] == "1"  # the rest is graded
 
 
 def test_the_finished_kernels_are_off_limits(graded):
@@ -271,7 +364,6 @@ def test_submissions_are_never_written(graded):
     assert graded["unchanged"]
 
 
-@pytest.mark.skipif(not sandbox.namespaces_work(), reason="no user namespaces here")
 def test_a_submission_cannot_see_the_others_or_the_results_or_outlive_its_run(graded):
     assert _row(graded, "snoop", "check-axpy")["score"] == "1"  # its read failed
     assert not (graded["results"] / "planted.txt").exists()
@@ -279,11 +371,56 @@ def test_a_submission_cannot_see_the_others_or_the_results_or_outlive_its_run(gr
     assert leftovers.stdout == b"", "a process the submission started outlived its run"
 
 
+def test_nothing_outside_its_job_folder_changes(graded):
+    assert _row(graded, "escape", "check-axpy")["score"] == "1"  # it ran, and failed quietly
+    for target in ESCAPE_TARGETS:
+        assert not target.exists() or b"planted" not in target.read_bytes()[-100:], target
+
+
+def test_solutions_and_other_jobs_are_invisible_and_no_one_elses_rows_move(graded):
+    # its axpy survives only if it saw nothing; the correct learners lost nothing
+    assert _row(graded, "peek", "check-axpy")["score"] == "1"
+    assert _row(graded, "correct", "check-axpy")["score"] == "1"
+
+
+def test_a_progress_file_turned_into_a_pipe_costs_only_its_own_run(graded):
+    row = _row(graded, "fifo_progress", "check-axpy")
+    assert row["score"] == "0" and "tampered" in row["reason"], row
+    assert _row(graded, "fifo_progress", "check-vector-add")["score"] == "2"
+
+
+def test_memory_is_limited(graded):
+    from course_lib import runtime
+
+    if not runtime.INTERPRETED:
+        pytest.skip("on a GPU the grader sets no address-space limit (CUDA maps its memory)")
+    row = _row(graded, "hog", "check-axpy")
+    assert row["score"] == "0" and "MemoryError" in row["reason"], row
+
+
+def test_links_are_refused_and_flagged(graded):
+    # a linked notebook is refused on its lesson's rows; a linked folder, on one row
+    for learner, grade_id in (("link_to_solution", "check-vector-add"),
+                              ("link_to_other", "(submission)")):  # fmt: skip
+        row = _row(graded, learner, grade_id)
+        assert row["score"] == "0" and "symbolic link" in row["reason"], row
+        assert "refused" in row["flags"]
+
+
+def test_one_notebook_per_lesson_per_learner_never_summed(graded):
+    rows = [r for (learner, _), r in graded["rows"].items() if learner == "copies"]
+    assert len(rows) == 2  # one notebook's rows: its own, with its wrong axpy
+    assert _row(graded, "copies", "check-axpy")["score"] == "0"
+    assert "also handed in" in _row(graded, "copies", "check-axpy")["flags"]
+    summary = (graded["results"] / "summary.md").read_text()
+    assert "(copy)" in summary and "old" in summary
+
+
 def test_summary_and_feedback_are_written(graded):
     results = graded["results"]
     assert (results / "scores.png").read_bytes().startswith(b"\x89PNG")
     summary = (results / "summary.md").read_text()
-    assert f"{len(FIXTURES) + 5} learners graded" in summary
+    assert f"{len(FIXTURES) + 8} learners graded" in summary
     assert {p.stem for p in (results / "feedback").glob("*.md")} >= set(FIXTURES)
 
 
@@ -305,6 +442,7 @@ def test_results_are_never_overwritten(graded, tmp_path):
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(tmp_path):
+    _needs_sandbox()
     subs = tmp_path / "subs"
     _submission(subs / "a_correct" / f"{LESSON}.ipynb", {})
     _submission(subs / "b_hangs" / f"{LESSON}.ipynb", {"ex-vector-add": HANG})
@@ -331,6 +469,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(tmp_path):
 
 
 def test_the_lesson_is_chosen_by_the_instructor_not_the_file(tmp_path):
+    _needs_sandbox()
     _submission(tmp_path / "alice.ipynb", {})
     done = _grade(str(tmp_path / "alice.ipynb"), "--out", str(tmp_path / "r"), cwd=tmp_path)
     assert done.returncode == 0
@@ -343,6 +482,7 @@ def test_the_lesson_is_chosen_by_the_instructor_not_the_file(tmp_path):
 
 
 def test_every_lesson_parses_and_its_solutions_pass_review():
+    """The review flags nothing in any lesson's solutions (test_grader_watch.py runs them)."""
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):  # appendices have no exercise
         lesson = lesson_module.load_lesson(path)
         answers = lesson_module.read_answers(lesson, SOLUTIONS / path.name)
@@ -355,8 +495,6 @@ def test_every_lesson_parses_and_its_solutions_pass_review():
 @pytest.mark.parametrize(
     ("source", "fragment"),
     [
-        ("def add(x, y):\n    return torch.add(x, y)", "PyTorch computes"),
-        ("def add(x, y):\n    z = x + y\n    return z", "PyTorch computes"),
         ("import course_lib.checks.engine as e\ndef add(x, y):\n    pass", "course_lib.checks"),
         ("def add(x, y):\n    return course_lib.kernels.vector_add.add(x, y)", "kernels"),
     ],
@@ -365,6 +503,16 @@ def test_review_refuses_answers_that_are_not_the_learners_kernel(source, fragmen
     exercise = lesson_module.Exercise("check-x", 1, "check_vector_add", "add", ("ex",))
     found = lesson_module.review(exercise, {"ex": source})
     assert any(fragment in reason for reason in found.forbidden), found
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["def add(x, y):\n    return torch.add(x, y)", "def add(x, y):\n    z = x + y\n    return z"],
+)
+def test_review_flags_what_looks_like_a_torch_result_and_leaves_the_verdict_to_the_run(source):
+    exercise = lesson_module.Exercise("check-x", 1, "check_vector_add", "add", ("ex",))
+    found = lesson_module.review(exercise, {"ex": source})
+    assert found.forbidden == [] and any("seems to return" in f for f in found.flags), found
 
 
 def test_review_leaves_size_arithmetic_alone():
@@ -447,7 +595,8 @@ def test_the_sandbox_gets_a_minimal_environment(monkeypatch, tmp_path):
 
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     env = sandbox._environment(tmp_path)
-    assert "SECRET_TOKEN" not in env and env["HOME"] == str(tmp_path)
+    assert "SECRET_TOKEN" not in env and env["HOME"] == "/tmp"  # the sandbox's own tmpfs
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
     assert os.environ.get("PATH") == env.get("PATH")
 
 
@@ -473,7 +622,8 @@ def test_a_folder_with_notebooks_is_one_learner_and_a_folder_of_folders_many(tmp
     _submission(tmp_path / "one" / "old" / f"{LESSON}.ipynb", {})  # not this learner's answer
     _submission(tmp_path / "class" / "ada" / "week1" / f"{LESSON}.ipynb", {})
     _submission(tmp_path / "class" / "ben" / f"{LESSON}.ipynb", {})
-    found = find_submissions([tmp_path / "one", tmp_path / "class"], {LESSON})
+    found, others = find_submissions([tmp_path / "one", tmp_path / "class"], {LESSON})
+    assert others == []
     assert [(s.student_id, s.path.relative_to(tmp_path).as_posix()) for s in found] == [
         ("one", f"one/{LESSON}.ipynb"),
         ("ada", f"class/ada/week1/{LESSON}.ipynb"),
@@ -481,19 +631,36 @@ def test_a_folder_with_notebooks_is_one_learner_and_a_folder_of_folders_many(tmp
     ]
 
 
-def test_without_namespaces_the_grader_still_grades_and_says_what_it_cannot_hide(graded, tmp_path):
+def test_unsandboxed_grading_warns_what_is_not_protected(graded, tmp_path):
     done = _grade(
-        str(graded["subs"] / "correct"), "--out", str(tmp_path / "r"), "--no-namespaces",
+        str(graded["subs"] / "correct"), "--out", str(tmp_path / "r"), "--unsandboxed",
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "can read the other submissions" in done.stderr
+    assert "UNSANDBOXED" in done.stderr and "other submissions" in done.stderr
     assert _rows(tmp_path / "r")[("correct", "check-vector-add")]["score"] == "2"
+    gone = _grade(str(graded["subs"] / "correct"), "--out", str(tmp_path / "r2"),
+                  "--no-namespaces", cwd=tmp_path)  # fmt: skip
+    assert gone.returncode == 2 and "--unsandboxed" in gone.stderr
 
 
-def test_only_folders_that_hold_nothing_the_sandbox_needs_are_hidden(tmp_path):
-    course, subs, results = tmp_path / "course", tmp_path / "subs", tmp_path / "subs" / "out"
-    for folder in (course, subs / "ada", results):
-        folder.mkdir(parents=True)
-    hidden = sandbox._hideable([tmp_path, subs, subs / "ada" / "x.ipynb", results], [course])
-    assert hidden == [subs.resolve()]  # tmp_path holds the course; the rest lies inside subs
+def test_without_bwrap_the_grader_refuses_and_says_how_to_install_it(graded, tmp_path):
+    bin_dir = tmp_path / "bin"  # a PATH with Python and nothing else
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.grader", str(graded["subs"] / "correct"),
+         "--out", str(tmp_path / "r")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": str(bin_dir)},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "apt-get install bubblewrap" in done.stderr and "--unsandboxed" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_sandbox_masks_the_course_the_homes_and_what_it_is_told_to_hide():
+    masked = sandbox.masked_folders((Path("/"), Path("/usr"), COURSE / "notebooks"))
+    assert Path("/") not in masked and Path("/usr") not in masked  # the system stays
+    assert COURSE in masked  # its solutions, notebooks and history
+    assert Path("/root") in masked or not Path("/root").is_dir()

@@ -275,7 +275,7 @@ def test_learner_names_become_safe_file_names(tmp_path, student_id, expected):
     assert _feedback_files(out_dir) == [expected]
     # nothing was written anywhere but the results directory
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
-    assert sorted(p.name for p in out_dir.iterdir()) == ["feedback", "grades.csv"]
+    assert sorted(p.name for p in out_dir.iterdir()) == ["feedback", "grades.csv", "summary.md"]
 
 
 def test_names_that_clash_get_numbered_files(out_dir):

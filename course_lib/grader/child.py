@@ -5,7 +5,8 @@ order with the learner's answers in place of the answer cells, and for each chec
 runs the check under `replay.recording()`. It writes only data into JOB_DIR:
 
     progress.jsonl      one line as each cell starts and ends (the parent's cell timeout)
-    exercise-N.json     how check N ended, and the learner function's parameters
+    exercise-N.json     how check N ended, the learner function's parameters, and what
+                        PyTorch computed while that function ran (watch.py)
     records-N.pt        what each case of check N produced (see checks/replay.py)
 
 Nothing here decides a grade: the parent replays the records against its own inputs.
@@ -54,9 +55,23 @@ def run_cell(source: str, index: int, namespace: dict) -> None:
     exec(compile(source, filename, "exec"), namespace)
 
 
+def set_limits(rlimits: dict[str, int]) -> None:
+    """Lower this process's limits (soft and hard) before any learner code runs."""
+    import resource
+
+    for name, value in rlimits.items():
+        limit = getattr(resource, name, None)
+        if limit is not None:
+            hard = resource.getrlimit(limit)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(limit, (value, value))
+
+
 def main(job_dir: str) -> None:
     job_path = Path(job_dir)
     job = json.loads((job_path / "job.json").read_text())
+    (job_path / "job.json").unlink()  # the seed and the lesson are not left lying around
+    set_limits(job.get("rlimits", {}))
     progress = job_path / "progress.jsonl"
 
     # the course's own modules, bound before any learner code runs
@@ -65,6 +80,7 @@ def main(job_dir: str) -> None:
     import course_lib
     from course_lib.checks import CheckFailed, ExerciseNotDone, replay
     from course_lib.checks.engine import grading_seed
+    from course_lib.grader.watch import Watch, watched, watching_backwards
 
     checkers = {e["checker"]: getattr(course_lib, e["checker"], None) for e in job["exercises"]}
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
@@ -78,7 +94,12 @@ def main(job_dir: str) -> None:
             outcome = {"grade_id": exercise["grade_id"]}
             fn = namespace.get(exercise["function"])
             outcome["signature"] = _signature(fn) if callable(fn) else None
-            with replay.recording() as recorder, grading_seed(job["seed"]):
+            watch = Watch()
+            with (
+                replay.recording() as recorder,
+                grading_seed(job["seed"]),
+                watching_backwards(namespace, watch),
+            ):
                 try:
                     if not callable(fn):
                         raised = errors.get(exercise["function"])
@@ -86,6 +107,11 @@ def main(job_dir: str) -> None:
                             f"{exercise['function']} is not defined: "
                             + (f"its cell raised {raised}" if raised else "did its cell run?")
                         )
+                    # a plain function is watched; an operator (lesson 08's custom_op) is
+                    # checked through torch.compile, where a dispatch mode cannot follow
+                    if inspect.isfunction(fn) or inspect.ismethod(fn):
+                        outcome["watch"] = watch
+                        fn = watched(fn, watch)
                     checkers[exercise["checker"]](fn)
                     outcome["status"] = "passed"
                 except ExerciseNotDone as error:
@@ -94,6 +120,8 @@ def main(job_dir: str) -> None:
                     outcome["status"] = "failed"
                 except BaseException as error:  # noqa: BLE001  (the learner's code may raise anything)
                     outcome.update(status="error", message=_error_line(error))
+            if outcome.get("watch") is watch:
+                outcome["watch"] = watch.as_record()
             torch.save(recorder.records, job_path / f"records-{exercise_index}.pt")
             (job_path / f"exercise-{exercise_index}.json").write_text(json.dumps(outcome))
             exercise_index += 1

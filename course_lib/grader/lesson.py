@@ -7,8 +7,8 @@ matched to the lesson's by grade_id. The check cells are the lesson's: each must
 
 The answers are also read here, as text, before anything runs: an answer that imports
 the course's finished kernels or reaches into the checker scores nothing, and what cannot
-be proved either way (torch computing a result in the launcher, file or process access)
-is flagged for the instructor.
+be proved either way (torch in the launcher, file or process access) is flagged for the
+instructor. Whether PyTorch computed a result is decided while it runs (watch.py).
 """
 
 from __future__ import annotations
@@ -139,9 +139,19 @@ class Answers:
     notes: list[str] = field(default_factory=list)  # for the instructor
 
 
+NOTEBOOK_CAP = 64 * 1024 * 1024  # bytes: a lesson's notebook with its outputs is far less
+
+
 def read_answers(lesson: Lesson, submission: Path) -> Answers:
+    from course_lib.grader.sandbox import Unusable, read_regular
+
     try:
-        nb = nbformat.read(submission, as_version=4)
+        data = read_regular(str(submission), NOTEBOOK_CAP)
+        if data is None:
+            raise FileNotFoundError(submission)
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    except Unusable as error:
+        raise SubmissionError(f"not a readable notebook: {error}") from None
     except Exception as error:  # noqa: BLE001  (any unreadable file is the same finding)
         raise SubmissionError(f"not a readable notebook: {type(error).__name__}") from None
     found: dict[str, list[str]] = {}
@@ -173,6 +183,9 @@ FORBIDDEN_MODULES = (
     "course_lib.builder",
     "course_lib.recordings",
     "course_lib.interpreter_guard",
+    # what the grader's watch of PyTorch (grader/watch.py) is made of
+    "torch.utils._python_dispatch",
+    "torch._C._TorchDispatchModeKey",
 )
 # what a check runs on in the learner's process: an answer must not replace any of it
 PROTECTED_ATTRIBUTES = ("course_lib", "torch.library", "torch._dynamo", "torch.compile",
@@ -306,11 +319,8 @@ def review(exercise: Exercise, sources: dict[str, str]) -> Review:
             if isinstance(node, ast.FunctionDef) and node.name == exercise.function:
                 defined = True
                 found.flags += _computes_outside_kernels(node)
-                if torch_result := _returns_torch_result(node):
-                    found.forbidden.append(
-                        f"{exercise.function} returns {torch_result}, which PyTorch computes: "
-                        "return the tensor your kernel wrote"
-                    )
+                if torch_result := _returns_torch_result(node):  # watch.py decides
+                    found.flags.append(f"{exercise.function} seems to return {torch_result}")
     if not defined:
         found.flags.append(f"defines no function {exercise.function} of its own")
     # an exercise that joins kernels written before has no kernel of its own to launch

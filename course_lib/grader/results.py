@@ -18,6 +18,8 @@ links or HTML in the instructor's summary.
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import math
 import numbers
 import os
@@ -59,6 +61,13 @@ _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # break or emphasis; a backslash before ASCII punctuation always renders it literally
 _MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>|#!~&])")
 _UNSAFE_FILE_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+
+
+SUMMARY_RESERVE = 1024 * 1024  # bytes set aside for summary.md, so a full disk still gets one
+
+
+class DiskFull(OSError):
+    """The disk holding the results filled up: what was written before is intact."""
 
 
 @dataclass(frozen=True)
@@ -143,10 +152,18 @@ class ResultsWriter:
         self.feedback_dir = out_dir / "feedback"
         self.feedback_dir.mkdir(parents=True, exist_ok=True)
         self._feedback_dir_resolved = self.feedback_dir.resolve()
-        self._csv_file = (out_dir / "grades.csv").open("w", newline="", encoding="utf-8")
-        self._csv = csv.writer(self._csv_file)
-        self._csv.writerow(CSV_HEADER)
+        # the summary's room is taken first: a disk that fills up later still gets its summary
+        with (out_dir / "summary.md").open("wb") as reserve:
+            reserve.write(
+                b"# Grading summary\n\nThe run has not finished.\n".ljust(SUMMARY_RESERVE)
+            )
+            reserve.flush()
+            os.fsync(reserve.fileno())
+        # unbuffered: a row that fails to reach the disk leaves nothing behind to flush later
+        self._csv_file = (out_dir / "grades.csv").open("wb", buffering=0)
+        self._write_csv([CSV_HEADER])
         self._sync_csv()
+        self._broken = False
         self._file_stems: dict[str, str] = {}  # student_id -> feedback file stem
         self._taken_stems: set[str] = set()  # casefolded: unique on any file system
         self._grades: list[ExerciseGrade] = []
@@ -162,7 +179,10 @@ class ResultsWriter:
     def close(self) -> None:
         """Close the CSV; everything added so far is already on disk."""
         if not self._csv_file.closed:
-            self._csv_file.close()
+            try:
+                self._csv_file.close()
+            except OSError:  # the rows written are synced already; what failed was cut off
+                pass
 
     def add(self, student_id: str, assignment: str, grades: list[ExerciseGrade]) -> None:
         """Record one graded notebook: its CSV rows (flushed to disk) and its feedback section."""
@@ -182,17 +202,35 @@ class ResultsWriter:
                     f"add({student_id!r}, {assignment!r}, ...); add each notebook's grades "
                     "on their own"
                 )
-        for grade in grades:
-            self._csv.writerow(_csv_row(grade))
-        self._sync_csv()
-        self._write_feedback(student_id, assignment, grades)
+        if self._broken:
+            raise DiskFull(errno.ENOSPC, "the disk holding the results is full")
+        csv_end = self._csv_file.tell()
+        feedback = self._feedback_path(student_id)
+        feedback_end = feedback.stat().st_size if feedback.exists() else 0
+        try:
+            self._write_csv([_csv_row(grade) for grade in grades])
+            self._sync_csv()
+            self._write_feedback(student_id, assignment, grades)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            # back to the last whole rows: a half-written row would read as a grade
+            self._broken = True
+            _truncate(self._csv_file.fileno(), csv_end)
+            if feedback.exists():
+                _truncate_path(feedback, feedback_end)
+            raise DiskFull(
+                error.errno, f"the disk holding {self.out_dir} is full ({error.strerror})"
+            ) from None
         self._grades.extend(grades)
         self._learners[student_id] = None
 
-    def finish(self, not_graded: Sequence[str] = ()) -> str:
+    def finish(self, not_graded: Sequence[str] = (), duplicates: Sequence[str] = ()) -> str:
         """Write summary.md and scores.png, close the CSV and return the summary's text.
 
-        ``not_graded``: the submissions a Ctrl-C or a crash left out; the summary lists them.
+        ``not_graded``: the submissions a Ctrl-C, a crash or a full disk left out; the
+        summary lists them. ``duplicates``: a learner's other notebooks of a lesson, which
+        were not graded.
         """
         if self._finished:
             raise RuntimeError("finish() was already called; the summary is written")
@@ -205,9 +243,23 @@ class ResultsWriter:
         totals = self._learner_totals()
         plotted = bool(totals)
         if plotted:
-            _plot_scores(list(totals.values()), self.out_dir / "scores.png")
-        summary = self._summary(not_graded, plotted)
-        (self.out_dir / "summary.md").write_text(summary, encoding="utf-8")
+            try:
+                _plot_scores(list(totals.values()), self.out_dir / "scores.png")
+            except OSError:  # a full disk: the summary matters more than the picture
+                plotted = False
+                _truncate_path(self.out_dir / "scores.png", 0)
+        summary = self._summary(not_graded, plotted, duplicates)
+        data = summary.encode("utf-8")
+        # into the room reserved at the start, then cut to size: no new blocks needed
+        with (self.out_dir / "summary.md").open("r+b") as f:
+            f.write(data[:SUMMARY_RESERVE])
+            f.truncate(min(len(data), SUMMARY_RESERVE))
+        if len(data) > SUMMARY_RESERVE:
+            try:
+                with (self.out_dir / "summary.md").open("ab") as f:
+                    f.write(data[SUMMARY_RESERVE:])
+            except OSError:  # a full disk: the summary's first megabyte is on disk
+                pass
         return summary
 
     # -- feedback ------------------------------------------------------------------------
@@ -257,8 +309,14 @@ class ResultsWriter:
 
     # -- summary -------------------------------------------------------------------------
 
+    def _write_csv(self, rows) -> None:
+        text = io.StringIO(newline="")
+        csv.writer(text).writerows(rows)
+        data = memoryview(text.getvalue().encode("utf-8"))
+        while data:
+            data = data[self._csv_file.write(data) :]
+
     def _sync_csv(self) -> None:
-        self._csv_file.flush()
         os.fsync(self._csv_file.fileno())
 
     def _learner_totals(self) -> dict[str, float]:
@@ -267,7 +325,7 @@ class ResultsWriter:
             totals[g.student_id] += g.score
         return totals
 
-    def _summary(self, not_graded: Sequence[str], plotted: bool) -> str:
+    def _summary(self, not_graded: Sequence[str], plotted: bool, duplicates=()) -> str:
         n = len(self._learners)
         lines = ["# Grading summary", "", f"{n} learner{'s' if n != 1 else ''} graded.", ""]
 
@@ -322,7 +380,8 @@ class ResultsWriter:
             one = len(not_graded) == 1
             lines += [
                 f"{len(not_graded)} submission{' was' if one else 's were'} not graded: the run "
-                f"was interrupted or crashed before finishing {'it' if one else 'them'}, so "
+                "was interrupted, crashed or ran out of disk before finishing "
+                f"{'it' if one else 'them'}, so "
                 f"{'it has' if one else 'they have'} no rows in grades.csv. Grade "
                 f"{'it' if one else 'them'} again in a new run:",
                 "",
@@ -331,6 +390,17 @@ class ResultsWriter:
         else:
             lines.append("Every submission given was graded.")
         lines.append("")
+
+        if duplicates:
+            lines += [
+                "## Other notebooks of the same lesson, not graded",
+                "",
+                "Each learner is graded on one notebook per lesson: the one named after the "
+                "lesson, nearest the top of their folder. These were left out:",
+                "",
+            ]
+            lines += [f"- {_md_inline(name)}" for name in duplicates]
+            lines.append("")
 
         renamed = [(student, stem) for student, stem in self._file_stems.items() if stem != student]
         if renamed:
@@ -344,6 +414,20 @@ class ResultsWriter:
         else:
             lines.append("No learners were graded, so there is no histogram of scores.")
         return "\n".join(lines) + "\n"
+
+
+def _truncate(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+def _truncate_path(path: Path, size: int) -> None:
+    try:
+        os.truncate(path, size)
+    except OSError:
+        pass
 
 
 def _require_str(value, what: str) -> None:
