@@ -144,13 +144,32 @@ def test_the_parameters_gradients_are_the_same_on_every_run():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_only_the_wanted_gradients_are_computed():
+def test_only_the_wanted_gradients_are_computed(monkeypatch):
+    asked = []
+
+    def recording_backward(*args, **kwargs):
+        asked.append(tuple(args[5]))  # `needs`: for x, weight and bias
+        return backward(*args, **kwargs)
+
+    backward = finished.norm_backward
+    monkeypatch.setattr(finished, "norm_backward", recording_backward)
     x, w, b, g = _inputs((37, 100), (100,))
     w.requires_grad_()
     y = layer_norm(x, 100, w, b)  # x and b require no gradient
     (grad_w,) = torch.autograd.grad(y, w, g)
+    assert asked == [(False, True, False)]
     expected = references.norm_grads(x, w, b, g)[1]
     torch.testing.assert_close(grad_w, expected, rtol=1e-5, atol=1e-6 * math.sqrt(37))
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer_norm", "rms_norm"])
+def test_strided_parameters_are_read_through_their_strides(rms):
+    x, w, b, g = _inputs((7, 40), (80,))
+    w, b = w[::2].requires_grad_(), b[::2].requires_grad_()
+    assert w.stride(0) == 2
+    ours = rms_norm(x, 40, w) if rms else layer_norm(x, 40, w, b)
+    theirs = F.rms_norm(x, (40,), w) if rms else F.layer_norm(x, (40,), w, b)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["LayerNorm", "RMSNorm"])

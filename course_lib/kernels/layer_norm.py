@@ -223,7 +223,7 @@ def norm_bwd_looped_kernel(
                     dx -= c2 / n_cols
                 tl.store(dx_ptr + row * stride_dx + cols, (dx * rstd).to(dx_ptr.dtype.element_ty),
                          mask=mask)  # fmt: skip
-            partial = pid * n_cols + cols
+            partial = pid.to(tl.int64) * n_cols + cols  # past 2**31 for very wide rows
             if DW:
                 dw = tl.load(dw_partial_ptr + partial, mask=mask)
                 tl.store(dw_partial_ptr + partial, dw + dy * x_hat, mask=mask)
@@ -255,7 +255,8 @@ def sum_rows_kernel(
     for start in range(0, n_partials, BLOCK_P):
         p = start + tl.arange(0, BLOCK_P)  # [BLOCK_P]
         mask = (p[:, None] < n_partials) & (cols[None, :] < n_cols)
-        acc += tl.load(partial_ptr + p[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+        rows = p[:, None].to(tl.int64) * n_cols  # past 2**31 for very wide rows
+        acc += tl.load(partial_ptr + rows + cols[None, :], mask=mask, other=0.0)
     tl.store(out_ptr + cols, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
@@ -336,8 +337,9 @@ def norm_forward(
             mean if mean is None else mean.fill_(math.nan),
             rstd if rstd is None else rstd.fill_(math.nan),
         )
-    w = weight.reshape(-1) if weight is not None else x2d  # x2d: a pointer never read
-    b = bias.reshape(-1) if bias is not None else x2d
+    # the kernels read the parameters' columns adjacent, whatever strides they came with
+    w = weight.reshape(-1).contiguous() if weight is not None else x2d  # x2d: never read
+    b = bias.reshape(-1).contiguous() if bias is not None else x2d
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, RMS=rms,
                  SAVE_STATS=save_stats, ACC_DTYPE=_acc_dtype(x2d.dtype))  # fmt: skip
     if not save_stats:
@@ -389,7 +391,7 @@ def norm_backward(
     partial = rstd
     if need_dw or need_db:
         partial = make((2, programs, n_cols), dtype=rstd.dtype, device=x2d.device)
-    w = weight.reshape(-1) if weight is not None else x2d
+    w = weight.reshape(-1).contiguous() if weight is not None else x2d
     args = (
         dy2d, x2d, w, mean if not rms else rstd, rstd, dx if need_dx else x2d, partial,
         n_rows, n_cols, dy2d.stride(0), x2d.stride(0), dx.stride(0) if need_dx else 0,
