@@ -565,6 +565,18 @@ def test_review_refuses_the_courses_operator_and_replaced_checks(source, forbidd
         assert any(flag in f for f in found.flags), found
 
 
+def test_review_flags_a_numpy_view_written_by_the_launcher():
+    """Values written through out.numpy() pass no PyTorch operator: the review flags it."""
+    lesson = lesson_module.load_lesson(NOTEBOOKS / "01_vector_add.ipynb")
+    exercise = lesson.exercises[0]
+    source = (
+        "def add(x, y):\n    out = torch.empty_like(x)\n"
+        "    out.numpy()[:] = x.numpy() + y.numpy()\n    return out\n"
+    )
+    found = lesson_module.review(exercise, {exercise.answer_ids[0]: source})
+    assert any("out.numpy()" in flag for flag in found.flags), found.flags
+
+
 def test_review_reads_names_the_setup_cells_bound_to_modules():
     """Lesson 08's setup imports the course's operators as `ops`: an answer that calls
     ops.softmax uses the finished kernel without importing anything."""

@@ -147,6 +147,18 @@ def test_limits_reach_the_child_as_rlimits():
     assert "RLIMIT_AS" not in sandbox.Limits(memory_bytes=None).rlimits()  # a GPU's
 
 
+@pytest.mark.parametrize("knows", [True, False], ids=["bwrap-0.8", "bwrap-0.6"])
+def test_what_an_older_bwrap_cannot_enforce_is_printed(monkeypatch, knows):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(sandbox, "_bwrap_knows", lambda bwrap, option: knows)
+    warnings = [line for line in sandbox.isolation_lines(sandbox.Limits()) if "older than" in line]
+    if knows:
+        assert warnings == []
+    else:
+        assert any("bound the private /tmp" in line for line in warnings)
+        assert any("user namespaces of its own" in line for line in warnings)
+
+
 # -- collecting submissions --------------------------------------------------------------
 
 

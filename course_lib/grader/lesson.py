@@ -346,6 +346,8 @@ def _computes_outside_kernels(launcher: ast.FunctionDef) -> list[str]:
             head, _, last = name.rpartition(".")
             if head.split(".")[0] in ("torch", "F", "np", "numpy") and last not in ALLOCATING:
                 flags.append(f"the launcher calls {name}: does the kernel compute the result?")
+            elif last in ("numpy", "__array__"):  # a NumPy view, written where no op is seen
+                flags.append(f"the launcher calls {name}(): does the kernel compute the result?")
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             flags.append("the launcher multiplies matrices with @ outside the kernel")
     return flags

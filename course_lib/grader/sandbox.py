@@ -308,13 +308,25 @@ def isolation_lines(limits: Limits) -> list[str]:
         if os.geteuid() == 0
         else f"as your uid ({os.getuid()}) in a user namespace"
     )
-    return [
+    lines = [
         f"sandbox: bubblewrap; the learner's code runs {who}, the file system read-only but "
         "for its own job folder and a private /tmp, with no network and its own process IDs;",
         "  hidden from it: everything in /tmp, "
         + ", ".join(str(p) for p in masked_folders(limits.hidden))
         + " (but for the course's course_lib and the Python it needs, read-only)",
     ]
+    bwrap = shutil.which("bwrap")
+    if bwrap and not _bwrap_knows(bwrap, "--size"):
+        lines.append(
+            "warning: this bwrap (older than 0.7) cannot bound the private /tmp: files there "
+            "take memory, each up to the file-size limit, and their number is not limited"
+        )
+    if bwrap and not _bwrap_knows(bwrap, "--disable-userns"):
+        lines.append(
+            "warning: this bwrap (older than 0.8) cannot stop the learner's code from making "
+            "user namespaces of its own inside the sandbox"
+        )
+    return lines
 
 
 def limit_lines(limits: Limits) -> str:
