@@ -2,6 +2,8 @@
 every change of alignment or dtype, heard by profilers, and cheap on the host."""
 
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -331,3 +333,23 @@ def test_the_interpreter_launches_the_plain_way():
         vector_add.add(x, x)
     assert len(launches) == 1 and len(vector_add.add_launcher._compiled) == 0
     assert isinstance(launches[0].kernel, triton.runtime.interpreter.InterpretedFunction)
+
+
+def test_a_program_on_torchs_newer_tf32_settings_still_gets_plans():
+    """Once `fp32_precision` is set, torch's legacy TF32 getters raise: the signature holds
+    the newer settings instead, and a float32 convolution runs as before. In a process of its
+    own, since torch keeps that state for the rest of the process."""
+    code = (
+        "import torch, course_lib\n"
+        "from course_lib.kernels import _plan, conv2d\n"
+        "x, w = torch.randn(1, 3, 6, 6, device=course_lib.DEVICE), "
+        "torch.randn(4, 3, 3, 3, device=course_lib.DEVICE)\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "assert 'tf32' in _plan.signature((x, w))\n"
+        "expected = torch.nn.functional.conv2d(x, w, padding=1)\n"
+        "torch.testing.assert_close(conv2d.conv2d(x, w, padding=1), expected, "
+        "rtol=1e-2, atol=1e-2)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -49,6 +49,18 @@ class PlanCache(dict):
         return plan
 
 
+def _tf32_switches() -> tuple:
+    """The TF32 switches of cuBLAS and cuDNN. Once a program sets the newer
+    `fp32_precision` settings, the legacy getters raise: the key then holds those."""
+    try:
+        return _cublas_tf32(), _cudnn_tf32()
+    except RuntimeError:
+        return (
+            getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+            getattr(torch.backends.cudnn.conv, "fp32_precision", None),
+        )
+
+
 def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
     """The signature of a call with these tensors (or None in their place) and options:
     everything its checks and its route depend on. None where no plan is to be kept: a
@@ -72,7 +84,7 @@ def signature(tensors: tuple, options: tuple = ()) -> Signature | None:
             return None
     key += options
     if key[0] is not None and key[0][2] is torch.float32:  # TF32 changes float32 only
-        key += _cublas_tf32(), _cudnn_tf32()
+        key += _tf32_switches()
     key += _deterministic(), _grad_enabled()
     return tuple(key)
 
