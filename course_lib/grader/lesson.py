@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.grader.files import Unusable, read_regular
+
 
 class LessonError(ValueError):
     """The course's own lesson notebook is not one the grader can use."""
@@ -143,8 +145,6 @@ NOTEBOOK_CAP = 64 * 1024 * 1024  # bytes: a lesson's notebook with its outputs i
 
 
 def read_answers(lesson: Lesson, submission: Path) -> Answers:
-    from course_lib.grader.sandbox import Unusable, read_regular
-
     try:
         data = read_regular(str(submission), NOTEBOOK_CAP)
         if data is None:

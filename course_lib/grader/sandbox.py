@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 
 from course_lib import runtime
+from course_lib.grader.files import Unusable, read_regular
 from course_lib.grader.lesson import Answers, Lesson
 
 OUTPUT_CAP = 64 * 1024  # bytes of the child's printed output kept for the report
@@ -77,10 +77,6 @@ class Stopped(Exception):
 
 class SandboxUnavailable(RuntimeError):
     """bwrap is missing, or cannot build the sandbox on this machine."""
-
-
-class Unusable(ValueError):
-    """What the submission's process left in its job folder cannot be used."""
 
 
 @dataclass
@@ -390,38 +386,6 @@ def check_free_space(folders: list[Path], needed: int = 256 * 2**20) -> None:
 
 
 # --- reading what the child left -----------------------------------------------------------
-
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
-def read_regular(name: str, cap: int, dir_fd: int | None = None) -> bytes | None:
-    """A regular file's bytes, at most `cap` of them; None where it does not exist.
-    Links, pipes, devices and larger files raise Unusable; nothing here can block."""
-    try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        what = "a link" if error.errno == errno.ELOOP else error.strerror
-        raise Unusable(f"{os.path.basename(name)} cannot be opened ({what})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Unusable(f"{os.path.basename(name)} is not a regular file")
-        if info.st_size > cap:
-            raise Unusable(f"{os.path.basename(name)} is larger than {cap // 1024} KiB")
-        chunks, total = [], 0
-        while total <= cap:
-            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > cap:
-            raise Unusable(f"{os.path.basename(name)} is larger than {cap // 1024} KiB")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def load_records(data: bytes, cap: int = RECORDS_CAP) -> list:
