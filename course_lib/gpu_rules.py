@@ -11,8 +11,9 @@ front end for a generic NVIDIA target and, if it refuses the kernel, issues a
 ``GPUCompileWarning`` with the compiler's message, where in the kernel, and how to fix
 the common cases. The kernel then runs in the interpreter as before.
 
-This relies on internals of ``triton.compiler`` and ``triton.runtime.jit``; where
-those differ, the check switches itself off and kernels run without it.
+Triton's front end is reached through course_lib.triton_internals (``gpu_front_end``);
+where it differs from what that module expects, the check switches itself off and kernels
+run without it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-import types
 import warnings
 from pathlib import Path
 
-# sm_80: the oldest architecture every current Triton feature the course uses compiles for
-_TARGET = ("cuda", 80, 32)
+from course_lib import triton_internals
+from course_lib.triton_internals import CompilationError, CompileTimeAssertionFailure
 
 # what the compiler says -> what to do about it
 _FIXES = (
@@ -102,12 +102,10 @@ def check_launch(fn, args: tuple, kwargs: dict) -> None:
     global _enabled
     if not _enabled:
         return
-    from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Triton's own notices about its defaults
         try:
-            source, key = _front_end_source(fn, args, kwargs)
+            key, compile_for_gpu = triton_internals.gpu_front_end(fn, args, kwargs)
         except Exception:
             return  # an argument the signature builder does not know: nothing to say
         if key in _seen:
@@ -116,7 +114,7 @@ def check_launch(fn, args: tuple, kwargs: dict) -> None:
             return
         _seen.add(key)
         try:
-            _make_ir(source)
+            compile_for_gpu()
             return
         except CompileTimeAssertionFailure:
             return  # a failed tl.static_assert: the interpreter raises it with its message
@@ -158,119 +156,3 @@ def _message(fn, error) -> str:
         f"`{fn.__name__}` runs in the interpreter, but a GPU compile rejects it{where}: {reason}."
     )
     return text + (f" Fix: {fix}." if fix else "")
-
-
-def _front_end_source(fn, args, kwargs):
-    """The ASTSource a GPU launch of `fn` with these arguments would compile, and a key."""
-    from triton.compiler.compiler import ASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    jit_fn = _as_jit(fn)
-    backend = _backend()
-    binder = create_function_from_signature(jit_fn.signature, jit_fn.params, backend)
-    bound_args, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = jit_fn._pack_args(
-        backend, kwargs, bound_args, specialization, options
-    )
-    key = (fn, str(specialization), str(sorted(constexprs.items())))
-    return (ASTSource(jit_fn, signature, constexprs, attrs), options), key
-
-
-@functools.cache
-def _backend():
-    """Triton's CUDA backend for the generic target: no GPU needed to build it."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-
-    return make_backend(GPUTarget(*_TARGET))
-
-
-_jitted: dict = {}
-
-
-def _as_jit(fn):
-    """A JITFunction of `fn` whose globals hold JITFunctions where the interpreter put
-    its own wrappers, so that calls to other @triton.jit helpers compile too."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    if fn not in _jitted:
-        _jitted[fn] = None  # a helper that calls itself resolves to the plain function
-        names = fn.__code__.co_names
-        globals_ = dict(fn.__globals__)
-        for name in names:
-            value = globals_.get(name)
-            if isinstance(value, InterpretedFunction):
-                globals_[name] = _as_jit(value.fn)
-        rebound = types.FunctionType(
-            fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__
-        )
-        rebound.__annotations__ = fn.__annotations__
-        rebound.__kwdefaults__ = fn.__kwdefaults__
-        rebound.__module__ = fn.__module__
-        _jitted[fn] = JITFunction(rebound)
-    return _jitted[fn]
-
-
-@contextlib.contextmanager
-def _library_as_jit():
-    """Under TRITON_INTERPRET=1, Triton's own @jit library functions (tl.max, tl.sum,
-    tensor.sum, ...) are interpreter wrappers, and builtins such as tl.program_id may
-    still hold the interpreter's patches from a launch. Compile against the originals."""
-    from triton.language import core
-    from triton.runtime import interpreter
-
-    owners = [m for name, m in sys.modules.items() if name.startswith("triton.language")]
-    owners += [core.tensor, getattr(core, "tensor_descriptor_base", core.tensor)]
-    saved = []
-    for owner in owners:
-        for name, value in list(vars(owner).items()):
-            if isinstance(value, interpreter.InterpretedFunction):
-                original = _as_jit(value.fn)
-            elif getattr(value, "__module__", None) == interpreter.__name__ and "member" in (
-                getattr(value, "__kwdefaults__", None) or {}
-            ):
-                original = value.__kwdefaults__["member"]  # _patch_attr's wrapper
-            else:
-                continue
-            saved.append((owner, name, value))
-            setattr(owner, name, original)
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
-
-
-def _make_ir(source_and_options) -> None:
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-
-    source, options = source_and_options
-    backend = _backend()
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    codegen = dict(backend.get_codegen_implementation(options))
-    if "min_dot_size" in codegen:
-        codegen["min_dot_size"] = _oldest_dot_size(codegen["min_dot_size"])
-    with _library_as_jit():
-        source.make_ir(
-            GPUTarget(*_TARGET),
-            options,
-            codegen,
-            backend.get_module_map(),
-            context,
-        )
-
-
-def _oldest_dot_size(newest):
-    """tl.dot's least sizes [m, n, k] as the strictest supported Triton sets them: 3.6 (the
-    GPU's) asks K >= 16 of every dtype but 8-bit (32), where 3.9 lets float32 through at 8."""
-
-    def least(lhs_type, rhs_type):
-        m, n, k = newest(lhs_type, rhs_type)
-        bits = lhs_type.scalar.primitive_bitwidth
-        return m, n, max(k, 32 if bits == 8 else 16)
-
-    return least

@@ -7,9 +7,10 @@ mistake. This module checks every unmasked lane's address against the memory of
 the tensors passed to the launch, and raises ``OutOfBoundsAccess`` *before* the
 access happens, naming the argument and how far past its end the program reached.
 
-It is installed by ``course_lib`` in interpreter mode and relies on internals of
-``triton.runtime.interpreter``; where those differ, ``install()`` returns False and
-kernels run unprotected (the checkers' guard bands still catch stray writes).
+It is installed by ``course_lib`` in interpreter mode, through the interpreter's hooks
+in course_lib.triton_internals; where the interpreter differs from what those expect,
+``install()`` returns False and kernels run unprotected (the checkers' guard bands still
+catch stray writes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course_lib import gpu_rules
+from course_lib import gpu_rules, triton_internals
 
 
 class OutOfBoundsAccess(IndexError):
@@ -104,9 +105,7 @@ def _describe(kind: str, addresses: np.ndarray, itemsize: int, extents: tuple[_E
     else:
         before = (nearest.tensor_start - first) // itemsize
         where = f"up to {before} elements before the start of `{nearest.name}`"
-    from triton.runtime.interpreter import interpreter_builder
-
-    program = tuple(int(i) for i in interpreter_builder.grid_idx)
+    program = triton_internals.current_program()
     return (
         f"tl.{kind} in program {program} reached {bad.size} address(es) outside every tensor "
         f"passed to the kernel: {where}. Guard the {kind} with a mask, "
@@ -118,13 +117,9 @@ def _check(kind: str, ptrs, mask) -> None:
     extents = _extents.get()
     if not extents:
         return
-    addresses = np.asarray(ptrs.data).reshape(-1)
-    if mask is not None:
-        active = np.broadcast_to(np.asarray(mask.data), np.shape(ptrs.data)).reshape(-1)
-        addresses = addresses[active]
+    addresses, itemsize = triton_internals.addresses_reached(ptrs, mask)
     if addresses.size == 0:
         return
-    itemsize = np.dtype(_np_dtype(ptrs)).itemsize
     watched = _watched.get()
     if watched is not None:
         ranges, hits = watched
@@ -139,70 +134,37 @@ def _check(kind: str, ptrs, mask) -> None:
         raise OutOfBoundsAccess(_describe(kind, addresses[~inside], itemsize, extents))
 
 
-def _np_dtype(ptrs):
-    from triton.runtime.interpreter import _get_np_dtype
-
-    return _get_np_dtype(ptrs.get_element_ty())
-
-
 def install() -> bool:
-    """Patch the interpreter once. Returns whether protection is active."""
+    """Hook the interpreter once. Returns whether protection is active."""
     global _installed
-    if _installed:
-        return True
+    if not _installed:
+        _installed = triton_internals.hook_interpreter(_check, _collect_extents, _guarded_launch)
+    return _installed
+
+
+def _collect_extents(named: list[tuple[str, object]]) -> None:
+    """The memory of a launch's tensor arguments, for the accesses that follow."""
+    extents: list[_Extent] = []
+    for name, arg in named:
+        _collect(name, arg, extents)
+    _extents.set(tuple(extents))
+
+
+def _guarded_launch(fn, args: tuple, kwargs: dict, launch):
+    gpu_rules.check_launch(fn, args, kwargs)
+    token = _extents.set(None)
     try:
-        from triton.runtime import interpreter as interp
-
-        builder_cls = interp.InterpreterBuilder
-        executor_cls = interp.GridExecutor
-        masked_load = builder_cls.create_masked_load
-        masked_store = builder_cls.create_masked_store
-        init_args = executor_cls._init_args_hst
-        call = executor_cls.__call__
-        interp._get_np_dtype  # noqa: B018  (needed by _np_dtype)
-    except (ImportError, AttributeError):
-        return False
-
-    def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
-        _check("load", ptrs, mask)
-        return masked_load(self, ptrs, mask, other, *args, **kwargs)
-
-    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
-        _check("store", ptrs, mask)
-        return masked_store(self, ptrs, value, mask, *args, **kwargs)
-
-    def _init_args_hst(self, args_dev, kwargs):
-        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
-        extents: list[_Extent] = []
-        for name, arg in zip(self.arg_names, args_hst):
-            _collect(name, arg, extents)
-        for name, arg in kwargs_hst.items():
-            _collect(name, arg, extents)
-        _extents.set(tuple(extents))
-        return args_hst, kwargs_hst
-
-    def __call__(self, *args, **kwargs):
-        gpu_rules.check_launch(self.fn, args, kwargs)
-        token = _extents.set(None)
-        try:
-            # a GPU makes NaN and inf silently; so does the interpreter, without warnings
-            with np.errstate(all="ignore"):
-                return call(self, *args, **kwargs)
-        except Exception as error:
-            # show the learner our message, not Triton's InterpreterError wrapping of it
-            oob = find_out_of_bounds(error)
-            if oob is not None and oob is not error:
-                raise oob.with_traceback(None) from None
-            raise
-        finally:
-            _extents.reset(token)
-
-    builder_cls.create_masked_load = create_masked_load
-    builder_cls.create_masked_store = create_masked_store
-    executor_cls._init_args_hst = _init_args_hst
-    executor_cls.__call__ = __call__
-    _installed = True
-    return True
+        # a GPU makes NaN and inf silently; so does the interpreter, without warnings
+        with np.errstate(all="ignore"):
+            return launch()
+    except Exception as error:
+        # show the learner our message, not Triton's InterpreterError wrapping of it
+        oob = find_out_of_bounds(error)
+        if oob is not None and oob is not error:
+            raise oob.with_traceback(None) from None
+        raise
+    finally:
+        _extents.reset(token)
 
 
 def find_out_of_bounds(error: BaseException) -> OutOfBoundsAccess | None:

@@ -101,10 +101,12 @@ def compile_kernel(kernel, *args, **options):
         )
     if not callable(getattr(kernel, "warmup", None)):
         raise TypeError(f"compile_kernel expects a @triton.jit kernel, got {kernel!r}")
+    from course_lib import triton_internals  # imports Triton: not before the mode is set
+
     compiled = kernel.warmup(*args, grid=(1,), **options)
     # Triton loads a kernel on its first launch; n_regs and n_spills exist from then on.
-    # warmup() launches nothing, so load it here (a private step, kept in this one place).
-    compiled._init_handles()
+    # warmup() launches nothing, so load it here.
+    triton_internals.load_on_gpu(compiled)
     return compiled
 
 

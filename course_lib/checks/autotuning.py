@@ -9,9 +9,9 @@ single config, which the autotuner runs without timing anything) and that record
 launch, or what Triton's error said when the launcher passed a meta-parameter a config
 sets too.
 
-This reaches into Triton's internals: `Autotuner.run(*args, grid=..., **kwargs)`, its
-`configs` list and `best_config`, and the wording of two errors. Written for triton 3.6
-and 3.9.
+It relies on what `Autotuner.run(*args, grid=..., **kwargs)` reads and leaves (its
+`configs` list, `best_config`; see course_lib.triton_internals, which wraps it) and on the
+wording of two of Triton's errors. Written for triton 3.6 and 3.9.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from triton.runtime.autotuner import Autotuner
-
 from course_lib import runtime
+from course_lib.triton_internals import Autotuner, wrapping_launches
 
 
 @dataclass
@@ -82,28 +81,27 @@ def watching_autotuners(block_size: int | None = None) -> Iterator[AutotuneRecor
     """Record every autotuned launch in the block; with `block_size`, each autotuned kernel
     runs its first config with that BLOCK_SIZE, and nothing else."""
     record = AutotuneRecord()
-    original = Autotuner.run
 
-    def run(self, *args, **kwargs):
-        configs = self.configs
-        if block_size is not None:
-            self.configs = [with_block_size(configs[0], block_size)]
-        try:
-            result = original(self, *args, **kwargs)
-            record.launches.append(_launch(self, args, kwargs))
-        except Exception as error:
-            record.redefined = record.redefined or redefined_meta_parameter(error, self.configs)
-            record.untimeable = record.untimeable or _untimeable(error)
-            raise
-        finally:
-            self.configs = configs
-        return result
+    def wrap(original):
+        def run(self, *args, **kwargs):
+            configs = self.configs
+            if block_size is not None:
+                self.configs = [with_block_size(configs[0], block_size)]
+            try:
+                result = original(self, *args, **kwargs)
+                record.launches.append(_launch(self, args, kwargs))
+            except Exception as error:
+                record.redefined = record.redefined or redefined_meta_parameter(error, self.configs)
+                record.untimeable = record.untimeable or _untimeable(error)
+                raise
+            finally:
+                self.configs = configs
+            return result
 
-    Autotuner.run = run
-    try:
+        return run
+
+    with wrapping_launches(wrap, (Autotuner,)):
         yield record
-    finally:
-        Autotuner.run = original
 
 
 def _launch(tuner: Autotuner, args: tuple, kwargs: dict) -> TunedLaunch:

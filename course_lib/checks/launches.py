@@ -1,10 +1,10 @@
 """Count the Triton kernel launches a learner's function makes during a check.
 
 A checker that only compares outputs would pass `lambda x, y: x + y`: PyTorch, not a
-kernel. Both ways a kernel can run, compiled (`JITFunction.run`) and interpreted
-(`InterpretedFunction.run`), go through a `run` method; while counting, each class's
-`run` is wrapped, and autotuned kernels are counted through the kernel they run. The
-finished kernels' lean launches skip `run` once a kernel is compiled, and are counted at
+kernel. Both ways a kernel can run, compiled and interpreted, go through a `run` method;
+while counting, those methods are wrapped (`triton_internals.wrapping_launches`), and
+autotuned kernels are counted through the kernel they run. The finished kernels' lean
+launches skip `run` once a kernel is compiled, and are counted at
 `LeanLauncher.run_compiled`. `recording_grids` wraps the same `run` methods to record
 each launch's grid, and can run only the first programs of it.
 """
@@ -13,35 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
-
-def _runners() -> list[type]:
-    classes = []
-    try:
-        from triton.runtime.jit import JITFunction
-
-        classes.append(JITFunction)
-    except ImportError:
-        pass
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:
-        pass
-    return classes
-
-
-@contextlib.contextmanager
-def _wrapped_runs(wrap):
-    """Replace each runner class's `run` with `wrap(run)` for the block, then restore it."""
-    originals = {cls: cls.run for cls in _runners()}
-    for cls, run in originals.items():
-        cls.run = wrap(run)
-    try:
-        yield
-    finally:
-        for cls, run in originals.items():
-            cls.run = run
+from course_lib.triton_internals import wrapping_launches
 
 
 @contextlib.contextmanager
@@ -66,7 +38,7 @@ def counting_launches():
     run_compiled = LeanLauncher.run_compiled
     LeanLauncher.run_compiled = counted_compiled
     try:
-        with _wrapped_runs(wrap):
+        with wrapping_launches(wrap):
             yield count
     finally:
         LeanLauncher.run_compiled = run_compiled
@@ -100,7 +72,7 @@ def recording_grids(first_programs: int | None = None):
 
         return recorded
 
-    with _wrapped_runs(wrap):
+    with wrapping_launches(wrap):
         yield grids
 
 
@@ -134,7 +106,7 @@ def refusing_fake_launches():
     run_compiled = LeanLauncher.run_compiled
     LeanLauncher.run_compiled = wrap(run_compiled)
     try:
-        with _wrapped_runs(wrap):
+        with wrapping_launches(wrap):
             yield
     finally:
         LeanLauncher.run_compiled = run_compiled

@@ -36,6 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+from course_lib.triton_internals import KERNEL_CLASSES, TUNER_CLASSES, wrapping_launches
+
 ALLOCATING = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones",
               "ones_like", "full", "full_like", "new_empty", "new_empty_strided", "new_zeros",
               "new_ones", "new_full", "scalar_tensor", "arange", "fill", "fill_", "zero_",
@@ -197,24 +199,11 @@ def _notebooks_own(kernel) -> bool:
     return code is not None and code.co_filename.startswith("<cell ")
 
 
-def _launch_classes() -> list[type]:
-    classes = []
-    for module, name in (("triton.runtime.jit", "JITFunction"),
-                         ("triton.runtime.interpreter", "InterpretedFunction"),
-                         ("triton.runtime.autotuner", "Autotuner"),
-                         ("triton.runtime.autotuner", "Heuristics")):  # fmt: skip
-        try:
-            classes.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
-    return classes
-
-
 @contextlib.contextmanager
 def _launches_unwatched(received: set[int]):
     """Launches run with the mode off (Triton's interpreter computes with torch and NumPy
-    on its own account); `received` collects the storages the notebook's kernels got."""
-    originals = {cls: cls.__dict__["run"] for cls in _launch_classes() if "run" in cls.__dict__}
+    on its own account, an autotuner times configs); `received` collects the storages the
+    notebook's kernels got."""
 
     def wrap(run):
         @functools.wraps(run)
@@ -228,13 +217,8 @@ def _launches_unwatched(received: set[int]):
 
         return unwatched
 
-    for cls, run in originals.items():
-        cls.run = wrap(run)
-    try:
+    with wrapping_launches(wrap, KERNEL_CLASSES + TUNER_CLASSES):
         yield
-    finally:
-        for cls, run in originals.items():
-            cls.run = run
 
 
 def watched(fn, watch: Watch):

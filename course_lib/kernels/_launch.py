@@ -1,6 +1,6 @@
-"""Lean launches: the one module of the finished kernels that reaches into Triton's and
-torch's internals. Written for triton 3.6 (compiled, on the GPU) and 3.9 (its
-interpreter), torch 2.11 and 2.13.
+"""Lean launches: the host path of the finished kernels that goes under `kernel[grid]`.
+Written for triton 3.6 (compiled, on the GPU) and 3.9 (its interpreter), torch 2.11 and
+2.13; Triton's internals are reached through course_lib.triton_internals.
 
 `kernel[grid](*args)` redoes on every call work whose answer rarely changes: it binds the
 arguments to the kernel's parameters, works out how the kernel is specialised for them
@@ -13,12 +13,12 @@ keeps the compiled kernel that call returns (and, for an autotuned kernel, the c
 chose), and from then on hands the arguments straight to the compiled kernel's launcher.
 `BoundLaunch` binds a grid and options to it, for a plan (see _plan.py) to call.
 
-What is reached into: `CompiledKernel.run`'s calling convention (grid, stream, function,
-packed metadata, launch metadata, the two launch hooks, then every parameter in order,
-constexprs included), the hook chains in `triton.knobs`, the autotuner's `best_config`,
-`TensorDescriptor`'s fields (`descriptor`) and, to record launches into torch.compile's
-graph, torch's `_disable_current_modes`. Where Triton's differ from what is expected, in
-the interpreter, or while a profiler has hooked the launches, every call goes through
+What is relied on: `CompiledKernel.run`'s calling convention (`compiled_launch`), the
+launch hooks a profiler sets and the driver's current device and stream
+(`direct_launches`), the autotuner's `best_config`, `TensorDescriptor`'s fields
+(`descriptor`) and, to record launches into torch.compile's graph, torch's
+`_disable_current_modes`. Where Triton's differ from what is expected, in the
+interpreter, or while a profiler has hooked the launches, every call goes through
 `kernel[grid]` as usual.
 """
 
@@ -31,13 +31,14 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
-from triton.runtime.autotuner import Autotuner
-from triton.runtime.jit import JITFunction
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from course_lib import runtime
+from course_lib import runtime, triton_internals
 from course_lib.kernels import _plan
 from course_lib.kernels._plan import PlanCache
+from course_lib.triton_internals import Autotuner, JITFunction, TensorDescriptor, descriptor
+
+__all__ = ["BoundLaunch", "LeanLauncher", "NotTraceable", "descriptor", "trial_launches",
+           "tuned_config"]  # fmt: skip
 
 # True while launches are trials, not the call's own (a route timed on its first call):
 # a recording of the call's launches (course_lib.bench) leaves them out
@@ -55,22 +56,9 @@ def trial_launches() -> Iterator[None]:
         trials = saved
 
 
-def _triton_internals():
-    """The Triton internals a direct launch needs, or None where they are not as expected."""
-    try:
-        from triton import knobs
-        from triton.compiler.compiler import CompiledKernel
-        from triton.runtime.driver import driver
-
-        hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if not all(hasattr(h, "calls") for h in hooks) or not hasattr(CompiledKernel, "run"):
-            return None
-        return knobs.runtime, driver
-    except (ImportError, AttributeError):
-        return None
-
-
-_INTERNALS = None if runtime.INTERPRETED else _triton_internals()
+# (the launch hooks' owner, the driver) for launching compiled kernels directly; None where
+# every launch goes through kernel[grid]
+_INTERNALS = None if runtime.INTERPRETED else triton_internals.direct_launches()
 
 
 class NotTraceable(RuntimeError):
@@ -210,10 +198,8 @@ class LeanLauncher:
                 resolved = tuple(grid(self.named_arguments(args, meta, config)))
         given = {**meta, **config}
         constexprs = tuple(given.get(p.name, p.default) for p in params[len(args) :])
-        return _Compiled(
-            compiled.run, compiled.function, compiled.packed_metadata, resolved, constexprs,
-            config, pre_hook,
-        )  # fmt: skip
+        run, function, metadata = triton_internals.compiled_launch(compiled)
+        return _Compiled(run, function, metadata, resolved, constexprs, config, pre_hook)
 
 
 def _profiler_listens() -> bool:
@@ -252,15 +238,6 @@ class BoundLaunch:
             self.compiled = launched if launched[1] is not None else None
         else:
             self.launcher.run_compiled(compiled[1], self.grid, args, self.meta, device)
-
-
-def descriptor(t: torch.Tensor, shape, strides, block_shape: list) -> TensorDescriptor:
-    """TensorDescriptor(t, shape, strides, block_shape) with zero padding, for a `t` whose
-    caller has checked the TMA unit's rules, without checking them again on every call."""
-    desc = object.__new__(TensorDescriptor)
-    desc.base, desc.shape, desc.strides = t, shape, strides
-    desc.block_shape, desc.padding = block_shape, "zero"
-    return desc
 
 
 def tuned_config(kernel: Autotuner, grid: Callable[[dict], tuple], args: tuple, meta: dict) -> dict:
