@@ -337,19 +337,74 @@ def test_the_interpreter_launches_the_plain_way():
 
 def test_a_program_on_torchs_newer_tf32_settings_still_gets_plans():
     """Once `fp32_precision` is set, torch's legacy TF32 getters raise: the signature holds
-    the newer settings instead, and a float32 convolution runs as before. In a process of its
-    own, since torch keeps that state for the rest of the process."""
+    what the newer settings decide instead, and a float32 convolution runs as before. In a
+    process of its own, since torch keeps that state for the rest of the process."""
     code = (
         "import torch, course_lib\n"
         "from course_lib.kernels import _plan, conv2d\n"
         "x, w = torch.randn(1, 3, 6, 6, device=course_lib.DEVICE), "
         "torch.randn(4, 3, 3, 3, device=course_lib.DEVICE)\n"
         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
-        "assert 'tf32' in _plan.signature((x, w))\n"
+        "with_tf32 = _plan.signature((x, w))\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'ieee'\n"
+        "assert _plan.signature((x, w)) != with_tf32\n"
         "expected = torch.nn.functional.conv2d(x, w, padding=1)\n"
         "torch.testing.assert_close(conv2d.conv2d(x, w, padding=1), expected, "
         "rtol=1e-2, atol=1e-2)\n"
     )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_whether_a_product_uses_tf32_is_answered_under_either_api():
+    """`_plan.uses_tf32` follows the legacy switches, then torch's newer `fp32_precision`
+    settings once a program sets them (when the legacy getters raise): "tf32" yes, "ieee"
+    no, "none" the legacy matmul precision (exact for cuDNN's convolutions); and matmul,
+    linear and conv2d launch their kernels with that precision, in float32 only. In a
+    process of its own, since torch keeps that state for the rest of the process."""
+    code = """
+import torch, course_lib
+from course_lib.bench import recording
+from course_lib.kernels import conv2d, linear, matmul
+from course_lib.kernels._plan import uses_tf32
+cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+
+def precisions(dtype):  # INPUT_PRECISION of each finished kernel's launches, in `dtype`
+    make = lambda *shape: torch.randn(*shape, dtype=dtype, device=course_lib.DEVICE)
+    a, w, x, k = make(5, 8), make(3, 8), make(1, 2, 5, 5), make(3, 2, 3, 3)
+    found = []
+    for call in (lambda: matmul.matmul(a, w.t()), lambda: linear.linear(a, w),
+                 lambda: conv2d.conv2d(x, k, padding=1)):
+        with recording.recording_launches() as launches:
+            call()
+        found.append({launch.kwargs.get("INPUT_PRECISION") for launch in launches} - {None})
+    return found
+
+def answers():
+    return uses_tf32(torch.float32), uses_tf32(torch.float32, convolution=True)
+
+tf32, ieee = {"tf32"}, {"ieee"}
+assert answers() == (cuda.allow_tf32, cudnn.allow_tf32)  # the legacy switches, unset
+cuda.allow_tf32, cudnn.allow_tf32 = True, False
+assert answers() == (True, False) and precisions(torch.float32) == [tf32, tf32, ieee]
+cuda.fp32_precision, cudnn.conv.fp32_precision = "ieee", "tf32"
+try:
+    cuda.allow_tf32
+    raise AssertionError("the legacy getter no longer raises: this test tests nothing")
+except RuntimeError:
+    pass
+assert answers() == (False, True) and precisions(torch.float32) == [ieee, ieee, tf32]
+assert precisions(torch.float16) == [ieee, ieee, ieee]
+assert not uses_tf32(torch.float16) and not uses_tf32(torch.float64, convolution=True)
+cuda.fp32_precision, cudnn.conv.fp32_precision = "tf32", "ieee"
+assert answers() == (True, False) and precisions(torch.float32) == [tf32, tf32, ieee]
+# "none" at every level: the legacy matmul precision, still "high"; convolutions exact
+cuda.fp32_precision, cudnn.conv.fp32_precision = "none", "none"
+assert torch.get_float32_matmul_precision() == "high" and answers() == (True, False)
+torch.backends.fp32_precision = "tf32"  # torch.backends' own, read through by both
+assert answers() == (True, True)
+"""
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

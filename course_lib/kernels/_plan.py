@@ -8,7 +8,8 @@ strides, dtype, device and whether it starts on a 16-byte boundary (Triton speci
 on it), the operation's options, and the switches torch offers to change how products
 are computed (TF32 for matmuls and for convolutions, deterministic algorithms) and grad
 mode (the TF32 switches where the first tensor is float32, the only dtype they change).
-`signature` builds it, for every finished kernel; `PlanCache` holds the plans.
+`signature` builds it, for every finished kernel; `PlanCache` holds the plans; `uses_tf32`
+answers, for the kernels, whether a float32 product uses TF32.
 
 The switches are read through torch._C's getters, which torch.backends' properties call
 (torch 2.11 and 2.13): a tenth of the properties' host cost.
@@ -49,16 +50,42 @@ class PlanCache(dict):
         return plan
 
 
+def uses_tf32(dtype: torch.dtype, convolution: bool = False) -> bool:
+    """Whether a product of `dtype` operands (a convolution's, with `convolution`) may run
+    on TF32 tensor cores, as torch's own would: float32 only, as
+    torch.backends.cuda.matmul.allow_tf32 says (cudnn.allow_tf32 for a convolution), or
+    the newer `fp32_precision` settings where a program uses them. Never raises."""
+    if dtype is not torch.float32:
+        return False
+    try:
+        return _cudnn_tf32() if convolution else _cublas_tf32()
+    except RuntimeError:
+        return _tf32_by_precision(convolution)
+
+
+def _tf32_by_precision(convolution: bool) -> bool:
+    """TF32 or not by the newer `fp32_precision` settings. Once a program sets them to
+    other than the legacy switch says, the legacy getters raise, and torch's products
+    follow the newer ones: "tf32" yes, "ieee" no; "none" (set at no level: torch reads it
+    through the backend's and torch.backends' own) leaves a matmul to the legacy float32
+    matmul precision, and makes cuDNN's convolutions exact."""
+    ops = torch.backends.cudnn.conv if convolution else torch.backends.cuda.matmul
+    precision = ops.fp32_precision
+    if precision != "none" or convolution:
+        return precision == "tf32"
+    try:
+        return torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:  # that clashes too: no level asked for TF32
+        return False
+
+
 def _tf32_switches() -> tuple:
-    """The TF32 switches of cuBLAS and cuDNN. Once a program sets the newer
-    `fp32_precision` settings, the legacy getters raise: the key then holds those."""
+    """Whether cuBLAS's and cuDNN's float32 products use TF32 (see uses_tf32), by the
+    legacy getters, a tenth of the properties' cost, where they do not raise."""
     try:
         return _cublas_tf32(), _cudnn_tf32()
     except RuntimeError:
-        return (
-            getattr(torch.backends.cuda.matmul, "fp32_precision", None),
-            getattr(torch.backends.cudnn.conv, "fp32_precision", None),
-        )
+        return _tf32_by_precision(False), _tf32_by_precision(True)
 
 
 def signature(tensors: tuple, options: tuple = ()) -> Signature | None:

@@ -26,7 +26,7 @@ from course_lib.gpu_timer import autotune_timer
 from course_lib.kernels import conv2d_fast_paths as fast_paths
 from course_lib.kernels._args import cdiv, check_same, conv2d_padding, conv2d_pair
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
-from course_lib.kernels._plan import PlanCache, signature
+from course_lib.kernels._plan import PlanCache, signature, uses_tf32
 from course_lib.kernels.tiles import SMALL_CONFIG, SMALL_PRODUCT, grouped_tile, tile_configs
 
 INTERPRETER_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 4}
@@ -147,8 +147,8 @@ def conv2d(
     bias [O]; stride, padding and dilation are ints or pairs, padding also "same" or "valid".
 
     Any strides; the output [B, O, OH, OW] comes in x's memory format (channels-last in,
-    channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores when
-    torch.backends.cudnn.allow_tf32 is True, as torch's convolutions do.
+    channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores where
+    torch's convolutions would (torch.backends.cudnn.allow_tf32, or cudnn.conv.fp32_precision).
 
     On Hopper GPUs an NCHW x of mid-sized layers takes whichever of two routes a first
     call timed faster, as cuDNN does under torch.backends.cudnn.benchmark: two processes may
@@ -227,7 +227,7 @@ def lesson_launch(x, weight, bias, out, stride, padding, dilation, channels_inne
     (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
     sizes = (B, C, H, W, O, OH, OW, *x.stride(), *weight.stride(), *out.stride(),
              *stride, *padding, *dilation)  # fmt: skip
-    tf32 = x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+    tf32 = uses_tf32(x.dtype, convolution=True)
     meta = dict(
         KH=KH, KW=KW, CHANNELS_INNER=channels_inner, C_DIVISOR=min(C & -C, 128),
         K_DIVISOR=min((C * KH * KW) & -(C * KH * KW), 128),

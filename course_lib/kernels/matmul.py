@@ -19,7 +19,7 @@ from course_lib.gpu_timer import autotune_timer
 from course_lib.kernels import matmul_fast_paths as fast_paths
 from course_lib.kernels._args import check_same
 from course_lib.kernels._launch import LeanLauncher
-from course_lib.kernels._plan import PlanCache, signature
+from course_lib.kernels._plan import PlanCache, signature, uses_tf32
 from course_lib.kernels.tiles import (  # noqa: F401  (INTERPRETER_CONFIG and the rest: lesson 05's too)
     INTERPRETER_CONFIG,
     LAYOUT_KEY,
@@ -89,9 +89,9 @@ _plans = PlanCache()
 def matmul(a: torch.Tensor, b: torch.Tensor, activation: str | None = None) -> torch.Tensor:
     """a @ b for a [M, K] and b [K, N] of any strides; returns a new contiguous [M, N].
 
-    fp16 and bf16 inputs accumulate in fp32. fp32 inputs use TF32 tensor cores when
-    torch.backends.cuda.matmul.allow_tf32 is True, as torch.matmul does, and exact
-    fp32 otherwise. activation="relu" applies ReLU to the result before it is stored.
+    fp16 and bf16 inputs accumulate in fp32. fp32 inputs use TF32 tensor cores where
+    torch.matmul would (torch.backends.cuda.matmul.allow_tf32, or its fp32_precision), and
+    exact fp32 otherwise. activation="relu" applies ReLU to the result before it is stored.
     """
     plan = _plans.get(signature((a, b), (activation,)))
     if plan is None:  # a first call with operands laid out like these
@@ -117,7 +117,7 @@ def matmul_plan(a: torch.Tensor, b: torch.Tensor, activation: str | None = None)
         )
     if M * N == 0 or K == 0:
         return lambda a, b: a.new_zeros((M, N))  # nothing to launch
-    tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    tf32 = uses_tf32(a.dtype)
     c = a.new_empty((M, N))
     # copies that align awkward rows, TF32's operand order, Hopper's TMA kernel
     plan = fast_paths.plan(a, b, c, activation, tf32, lesson_launch)
