@@ -6,7 +6,7 @@ store. The backward is the same product two more ways, grad_x = g @ weight and
 grad_weight = g^T @ x, after one pass over the output's gradient g (times the activation's
 slope, summed over the rows for grad_bias). `LinearFunction` joins them for autograd;
 `linear` and `Linear`, a drop-in for `torch.nn.Linear`, are what callers use. What a call
-works out once (checks, routes, Hopper's TMA kernel) is in linear_plans.py's plans.
+works out once is kept in linear_plans.py's plans, and `route` hands them its products.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from course_lib.kernels import linear_plans as plans
 from course_lib.kernels import tiles
 from course_lib.kernels._args import cdiv
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
-from course_lib.kernels._plan import PlanCache, signature
+from course_lib.kernels._plan import PlanCache, signature, uses_tf32
 from course_lib.kernels.matmul import TILE_SHAPES, matmul
 from course_lib.kernels.tiles import activate, dot_over_k, tile_offsets
 
@@ -115,15 +115,18 @@ linear_autotuned_launcher = LeanLauncher(linear_kernel_autotuned)
 output_grad_launcher = LeanLauncher(output_grad_kernel)
 
 
-def lesson_launch(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
-    """linear_kernel's launch for c = activation(a @ b + bias), z = a @ b + bias where save_z,
+def route(a, b, c, bias, activation: str | None, save_z: bool) -> Callable:
+    """How a plan fills c = activation(a @ b + bias), and z = a @ b + bias where save_z, for
     a [M, K], b [K, N], a contiguous bias [N] or None, c and z new contiguous [M, N]: bound
     (see BoundLaunch), a function of (a, b, c, bias, z) laid out like these."""
-    (M, K), N = a.shape, b.shape[1]
-    tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    fill = plans.fast_path(a, b, c, bias, activation, save_z)
+    if fill is not None:  # Hopper's TMA kernel for a large product; an empty one launches nothing
+        return fill
+    (M, K), N = a.shape, b.shape[1]  # the lesson's kernel takes the rest as they are
     meta = dict(
         HAS_BIAS=bias is not None, ACTIVATION=activation or "", SAVE_Z=save_z,
-        INPUT_PRECISION="tf32" if tf32 else "ieee", ACC_DTYPE=plans.accumulator(a.dtype),
+        INPUT_PRECISION="tf32" if uses_tf32(a.dtype) else "ieee",
+        ACC_DTYPE=plans.accumulator(a.dtype),
     )  # fmt: skip
     sizes = (M, N, K, *a.stride(), *b.stride(), *c.stride())
     if runtime.INTERPRETED or M * N * K <= tiles.SMALL_PRODUCT:
@@ -151,8 +154,8 @@ def linear(
     in Triton forward and backward. x is [..., in_features], weight [out_features,
     in_features], bias [out_features] or None, all of one dtype (float16, bfloat16 on a
     GPU, float32, float64) and device, any strides; activation is None, "relu" or "gelu"
-    (torch's exact GELU). float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32
-    allows it. Under torch.autocast, give every tensor one dtype: it does not cast here."""
+    (torch's exact GELU). float32 uses TF32 where torch's matmuls would (allow_tf32 or
+    fp32_precision). Under torch.autocast, give every tensor one dtype: it does not cast."""
     plan = _plan(x, weight, bias, activation)
     tracked = torch.is_grad_enabled() and (
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -183,9 +186,8 @@ class LinearFunction(torch.autograd.Function):
     @once_differentiable  # the backward's kernels record no graph of their own
     def backward(ctx, grad_y):
         x2d, weight, saved = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = input_gradients(
-            grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
-        )
+        asked = grad_y, x2d, weight, saved, ctx.activation, ctx.needs_input_grad[2]
+        grad_x, grad_weight, grad_bias = input_gradients(*asked)
         grad_x = None if grad_x is None else grad_x.view(ctx.x_shape)
         return grad_x, grad_weight, grad_bias, None, None
 
@@ -194,7 +196,7 @@ def _plan(x, weight, bias, activation) -> plans.ForwardPlan:  # checked on a fir
     key = signature((x, weight, bias), (activation,))
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans.put(key, plans.ForwardPlan(x, weight, bias, activation, lesson_launch))
+        plan = _plans.put(key, plans.ForwardPlan(x, weight, bias, activation, route))
     return plan
 
 
@@ -211,7 +213,7 @@ def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
     key = signature((g, x2d, weight, saved), (activation, bias_grad))
     plan = _backward_plans.get(key)
     if plan is None:
-        args = (g, x2d, weight, saved, activation, bias_grad, lesson_launch, output_grad_launcher)
+        args = (g, x2d, weight, saved, activation, bias_grad, route, output_grad_launcher)
         plan = _backward_plans.put(key, plans.BackwardPlan(*args))
     return plan(g, x2d, weight, saved)
 
@@ -219,9 +221,7 @@ def input_gradients(grad_y, x2d, weight, saved, activation, bias_grad: bool):
 def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b, a new contiguous [M, N], for checked a [M, K] and b [K, N] of any strides: by
     lesson 05's finished `matmul`, or for float64 (gradcheck's) by linear_kernel."""
-    if a.dtype != torch.float64:
-        return matmul(a, b)
-    return plans.product_plan(a, b, lesson_launch)(a, b)
+    return matmul(a, b) if a.dtype != torch.float64 else plans.product_plan(a, b, route)(a, b)
 
 
 def output_grad(g: torch.Tensor, saved, activation: str | None, bias_grad: bool) -> tuple:

@@ -1,9 +1,10 @@
 """The host path of lesson 07's Linear: what `linear` (linear.py) works out once per
-signature of its arguments and keeps. Its checks; the forward's route (Hopper's TMA kernel
-for large products, linear.py's `lesson_launch` for the rest); the pass over the output's
-gradient, spread over enough programs; and the backward's products through lesson 05's
-finished matmul. linear.py hands in its launches (`lesson_launch`, the output-gradient
-kernel's launcher), so that nothing here imports it back.
+signature of its arguments and keeps. Its checks; what the lesson's kernel does not cover
+(`fast_path`: Hopper's TMA kernel for large products, nothing to launch for empty ones);
+the pass over the output's gradient, spread over enough programs; and the backward's
+products through lesson 05's finished matmul. linear.py hands in its routes (`route`,
+which hands products to `fast_path` or its own kernel) and the output-gradient kernel's
+launcher, so that nothing here imports it back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton.language as tl
 from course_lib import runtime
 from course_lib.kernels._args import cdiv
 from course_lib.kernels._launch import BoundLaunch
-from course_lib.kernels._plan import into_graph
+from course_lib.kernels._plan import into_graph, uses_tf32
 from course_lib.kernels.matmul import matmul_plan
 from course_lib.kernels.matmul_fast_paths import tma_launch, tma_takes
 
@@ -38,17 +39,17 @@ class ForwardPlan:
     """linear's plan: its arguments checked, y's shape, and the product's route (see
     route), without z and, for gelu, with it."""
 
-    def __init__(self, x, weight, bias, activation: str | None, lesson_launch: Callable):
+    def __init__(self, x, weight, bias, activation: str | None, route: Callable):
         if not into_graph():  # a traced call: course_lib.ops checks before it traces
             check_arguments(x, weight, bias, activation)
         self.rows = math.prod(x.shape[:-1])  # every leading dimension: M
         self.shape = (*x.shape[:-1], weight.shape[0])
-        x2d, w_t = x.reshape(self.rows, x.shape[-1]), weight.t()
+        operands = x.reshape(self.rows, x.shape[-1]), weight.t()
         y2d = x.new_empty((self.rows, self.shape[-1]))
-        self.fill = route(x2d, w_t, y2d, bias, activation, False, lesson_launch)
+        self.fill = _bias_in_order(route, *operands, y2d, bias, activation, False)
         self.fill_z = None  # z is saved for gelu's backward only
         if activation == "gelu":
-            self.fill_z = route(x2d, w_t, y2d, bias, activation, True, lesson_launch)
+            self.fill_z = _bias_in_order(route, *operands, y2d, bias, activation, True)
 
     def __call__(self, x, weight, bias, save_z: bool = False):
         """(y [..., out], z [M, out] or None, x flattened to [M, in]): the product written
@@ -66,11 +67,11 @@ class BackwardPlan:
     saved laid out like these, under the same switches: the pass over g (output_grad_kernel,
     by `launcher`), then the products."""
 
-    def __init__(self, g, x2d, weight, saved, activation, bias_grad: bool, lesson_launch, launcher):
+    def __init__(self, g, x2d, weight, saved, activation, bias_grad: bool, route, launcher):
         self.output_grad = OutputGradPlan(g, saved, activation, bias_grad, launcher)
         gz = g if activation is None else g.new_empty(g.shape)  # laid out as output_grad's
-        self.grad_x = None if weight is None else product_plan(gz, weight, lesson_launch)
-        self.grad_weight = None if x2d is None else product_plan(gz.t(), x2d, lesson_launch)
+        self.grad_x = None if weight is None else product_plan(gz, weight, route)
+        self.grad_weight = None if x2d is None else product_plan(gz.t(), x2d, route)
 
     def __call__(self, g, x2d, weight, saved):
         gz, grad_bias = self.output_grad(g, saved)
@@ -118,12 +119,12 @@ class OutputGradPlan:
         return gz, grad_bias
 
 
-def product_plan(a: torch.Tensor, b: torch.Tensor, lesson_launch: Callable) -> Callable:
+def product_plan(a: torch.Tensor, b: torch.Tensor, route: Callable) -> Callable:
     """linear.product's plan for operands laid out like a and b: a function of (a, b)."""
     if a.dtype != torch.float64:
         return matmul_plan(a, b)
     shape = (a.shape[0], b.shape[1])
-    fill = route(a, b, a.new_empty(shape), None, None, False, lesson_launch)
+    fill = route(a, b, a.new_empty(shape), None, None, False)
 
     def plan(a, b):
         c = a.new_empty(shape)
@@ -133,26 +134,32 @@ def product_plan(a: torch.Tensor, b: torch.Tensor, lesson_launch: Callable) -> C
     return plan
 
 
-def route(a, b, c, bias, activation: str | None, save_z: bool, lesson_launch: Callable) -> Callable:
-    """How to fill c = activation(a @ b + bias), and z = a @ b + bias where save_z, for
-    a [M, K], b [K, N] and bias [N] or None laid out like these, c and z new contiguous
-    [M, N] tensors: a function of (a, b, c, bias, z), its launch bound (see BoundLaunch:
-    a call laid out like this one shares its specialisation). On the GPUs that have it,
-    a large product without z goes to the persistent TMA kernel, whose epilogue adds the
-    bias and the activation; the rest to linear_kernel, by `lesson_launch` (linear.py's)."""
+def fast_path(a, b, c, bias, activation: str | None, save_z: bool) -> Callable | None:
+    """What linear_kernel, as linear.py launches it, does not take: how to fill c =
+    activation(a @ b + bias) for a [M, K], b [K, N] and a contiguous bias [N] or None laid
+    out like these, c a new contiguous [M, N], as a function of (a, b, c, bias, z), its
+    launch bound (see BoundLaunch). On the GPUs that have it, a large product without z
+    goes to the persistent TMA kernel, whose epilogue adds the bias and the activation; an
+    empty one launches nothing. None for the rest, which linear_kernel takes as they are."""
     if a.shape[0] * b.shape[1] == 0:
         return lambda *_: None
-    if bias is not None and not bias.is_contiguous():  # read one element after the other
-        fill = route(a, b, c, bias.contiguous(), activation, save_z, lesson_launch)
-        return lambda a, b, c, bias, z: fill(a, b, c, bias.contiguous(), z)
-    tf32 = a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    precision = "tf32" if tf32 else "ieee"
+    tf32 = uses_tf32(a.dtype)
     # large products only: measured, a 1024^3 bf16 forward with GELU ran at a third of
     # linear_kernel's speed there
     if not save_z and tma_takes(a, b, c, tf32):
+        precision = "tf32" if tf32 else "ieee"
         launch = tma_launch(a, b, c, activation or "", precision, None, bias is not None)
         return lambda a, b, c, bias, z: launch(a, b, c, bias)
-    return lesson_launch(a, b, c, bias, activation, save_z)
+    return None
+
+
+def _bias_in_order(route: Callable, a, b, c, bias, activation, save_z: bool) -> Callable:
+    """route(...)'s fill, for a bias the kernels read one element after the other: a
+    strided one is copied contiguous on each call."""
+    if bias is None or bias.is_contiguous():
+        return route(a, b, c, bias, activation, save_z)
+    fill = route(a, b, c, bias.contiguous(), activation, save_z)
+    return lambda a, b, c, bias, z: fill(a, b, c, bias.contiguous(), z)
 
 
 def check_arguments(x, weight, bias, activation) -> None:
