@@ -113,13 +113,19 @@ def compile_kernel(kernel, *args, **options):
 @contextlib.contextmanager
 def tf32(allowed: bool) -> Iterator[None]:
     """Set torch.backends.cuda.matmul.allow_tf32, which torch.matmul and the finished
-    matmul both follow, for the `with` block; the previous value comes back after it."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
+    matmul both follow, for the `with` block; the previous value comes back after it. In
+    a program that set the newer fp32_precision (whose clash makes allow_tf32 raise),
+    that is set instead: "tf32" or "ieee"."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        name, saved, value = "allow_tf32", matmul.allow_tf32, allowed
+    except RuntimeError:
+        name, saved, value = "fp32_precision", matmul.fp32_precision, "tf32" if allowed else "ieee"
+    setattr(matmul, name, value)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        setattr(matmul, name, saved)
 
 
 def require_supported_dtype(dtype: torch.dtype, what: str) -> None:

@@ -399,6 +399,9 @@ assert precisions(torch.float16) == [ieee, ieee, ieee]
 assert not uses_tf32(torch.float16) and not uses_tf32(torch.float64, convolution=True)
 cuda.fp32_precision, cudnn.conv.fp32_precision = "tf32", "ieee"
 assert answers() == (True, False) and precisions(torch.float32) == [tf32, tf32, ieee]
+with course_lib.runtime.tf32(False):  # which sets the newer setting, here
+    assert answers() == (False, False) and cuda.fp32_precision == "ieee"
+assert answers() == (True, False)
 # "none" at every level: the legacy matmul precision, still "high"; convolutions exact
 cuda.fp32_precision, cudnn.conv.fp32_precision = "none", "none"
 assert torch.get_float32_matmul_precision() == "high" and answers() == (True, False)

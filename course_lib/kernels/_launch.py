@@ -1,4 +1,4 @@
-"""Lean launches: the host path of the finished kernels that goes under `kernel[grid]`.
+"""Lean launches: the finished kernels' launches, spared `kernel[grid]`'s host work.
 Written for triton 3.6 (compiled, on the GPU) and 3.9 (its interpreter), torch 2.11 and
 2.13; Triton's internals are reached through course_lib.triton_internals.
 
