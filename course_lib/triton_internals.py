@@ -68,9 +68,9 @@ TUNER_CLASSES: tuple[type, ...] = (Autotuner, Heuristics)
 def wrapping_launches(
     wrap: Callable[[Callable], Callable], classes: tuple[type, ...] = KERNEL_CLASSES
 ) -> Iterator[None]:
-    """For the block, each class's `run(self, *args, grid=..., warmup=..., **kwargs)` is
-    `wrap(run)`: every launch of a kernel (of an autotuner, with TUNER_CLASSES) goes
-    through it. The methods are restored after the block; blocks nest."""
+    """For the block, each class's own `run(self, *args, **kwargs)` (grid and warmup among
+    the keywords) is `wrap(run)`: every launch of a kernel (of an autotuner, with
+    TUNER_CLASSES) goes through it. The methods are restored after the block; blocks nest."""
     originals = {cls: cls.__dict__["run"] for cls in classes}
     for cls, run in originals.items():
         cls.run = wrap(run)
