@@ -13,6 +13,7 @@ from reports import assert_hint_under, assert_no_other_family
 
 import course_lib
 from course_lib import DEVICE, ops, references, runtime
+from course_lib.bench.recording import recording_launches
 from course_lib.checks import CheckFailed
 from course_lib.checks import layer_norm as norm_checks
 from course_lib.checks.tolerances import tolerance_for
@@ -144,20 +145,15 @@ def test_the_parameters_gradients_are_the_same_on_every_run():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_only_the_wanted_gradients_are_computed(monkeypatch):
-    asked = []
-
-    def recording_backward(*args, **kwargs):
-        asked.append(tuple(args[5]))  # `needs`: for x, weight and bias
-        return backward(*args, **kwargs)
-
-    backward = finished.norm_backward
-    monkeypatch.setattr(finished, "norm_backward", recording_backward)
+def test_only_the_wanted_gradients_are_computed():
     x, w, b, g = _inputs((37, 100), (100,))
     w.requires_grad_()
     y = layer_norm(x, 100, w, b)  # x and b require no gradient
-    (grad_w,) = torch.autograd.grad(y, w, g)
-    assert asked == [(False, True, False)]
+    with recording_launches() as launches:
+        (grad_w,) = torch.autograd.grad(y, w, g)
+    flags = {name: launches[0].kwargs[name] for name in ("DX", "DW", "DB")}
+    assert flags == {"DX": False, "DW": True, "DB": False}
+    assert [launch.grid[1] for launch in launches[1:]] == [1]  # dw's sum alone
     expected = references.norm_grads(x, w, b, g)[1]
     torch.testing.assert_close(grad_w, expected, rtol=1e-5, atol=1e-6 * math.sqrt(37))
 
@@ -238,7 +234,9 @@ def test_the_operators_compile_with_fullgraph(rms):
 
 def test_the_operator_passes_opcheck():
     x, w, b, _ = _inputs((6, 40), (40,))
-    torch.library.opcheck(torch.ops.course.norm_forward.default, (x, w, b, 1e-5, False))
+    for save_stats in (False, True):
+        args = (x, w, b, [40], 1e-5, False, save_stats)
+        torch.library.opcheck(torch.ops.course.norm_forward.default, args)
 
 
 # --- GPU: bfloat16 and the benchmark's shapes -------------------------------------------
