@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from reports import assert_hint_under, assert_no_other_family
 
 import course_lib
-from course_lib import DEVICE, ops, references, runtime
+from course_lib import DEVICE, bench, ops, references, runtime
 from course_lib.bench.recording import recording_launches
 from course_lib.checks import CheckFailed
 from course_lib.checks import layer_norm as norm_checks
@@ -199,6 +199,45 @@ def test_bad_input_gets_a_clear_error(call, error, message):
     x = torch.randn(3, 8, device=DEVICE)
     with pytest.raises(error, match=message):
         call(x)
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "x_dtype"),
+    [((torch.float16, torch.float32), torch.float32), ((torch.float32, None), torch.float64),
+     ((torch.float32, torch.float16), torch.float16), ((None, torch.float64), torch.float32)],
+    ids=["weight-and-bias-differ", "float32-weight-float64-x", "float16-bias-float32-weight",
+         "float64-bias-float32-x"],
+)  # fmt: skip
+def test_dtype_mixes_torch_refuses_are_refused(dtypes, x_dtype):
+    x = torch.randn(3, 8, device=DEVICE, dtype=x_dtype)
+    w, b = (None if d is None else torch.randn(8, device=DEVICE, dtype=d) for d in dtypes)
+    with pytest.raises(RuntimeError):  # torch's own refusal, for the record
+        F.layer_norm(x.cpu(), (8,), *(None if t is None else t.cpu() for t in (w, b)))
+    with pytest.raises(TypeError, match="give the weight and bias x's dtype"):
+        layer_norm(x, 8, w, b)
+
+
+def test_each_parameters_gradient_is_summed_in_float32_and_kept_in_its_dtype():
+    """A float16 x with a float32 bias (torch allows it): grad_bias sums 300 rows in
+    float32 and stays float32, not rounded to float16 on the way."""
+    x, _, b, g = _inputs((300, 64), (64,), torch.float16)
+    b = b.float().requires_grad_()
+    (grad_b,) = torch.autograd.grad(layer_norm(x, 64, None, b), b, g)
+    assert grad_b.dtype == torch.float32
+    expected = g.double().sum(0)
+    torch.testing.assert_close(grad_b.double(), expected, rtol=0, atol=1e-4)
+    assert not torch.equal(grad_b, expected.half().float())  # finer than float16's rounding
+
+
+def test_the_benchmark_records_the_forward_launch_bare():
+    x, w, b, _ = _inputs((37, 100), (100,))
+    bare = bench.bare_launches(lambda: layer_norm(x, 100, w, b))
+    assert bare is not None and bare.kernel is finished.norm_fwd_kernel
+    y = bare.args[1]  # the output the recorded call wrote
+    expected = y.clone()
+    y.fill_(math.nan)
+    bare()
+    torch.testing.assert_close(y, expected)
 
 
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="bfloat16 runs on a GPU")
