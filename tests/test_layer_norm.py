@@ -317,7 +317,10 @@ def test_the_finished_kernels_pass_their_checks_with_bfloat16_on_a_gpu():
 
 
 def _forward(x, weight, bias, eps=1e-5, BLOCK_SIZE=None):  # noqa: N803
-    return finished.norm_forward(x, weight, bias, eps)
+    """The finished forward as the exercise's: (y, mean, rstd), mean and rstd [M]."""
+    plan = finished.plan_for(x, x.shape[-1], weight, bias, eps, rms=False)
+    y, stats, _ = plan(x, weight, bias, save_stats=True)
+    return y, stats[0], stats[1]
 
 
 def test_the_finished_kernels_pass_the_lessons_checks():
@@ -428,6 +431,8 @@ NORM_MISTAKES = [
     (broken.rms_norm_eps_outside, "close to eps), float32: forward: y",
      "eps belongs inside the square root", {"eps"}),
     (broken.rms_norm_default_eps_1e6, "(values near 3e-4 and eps=None), float32: forward: y",
+     "with eps=None, torch's rms_norm adds", {"rms eps"}),
+    (broken.rms_norm_float32_eps_always, "(values near 3e-4 and eps=None), float64: forward: y",
      "with eps=None, torch's rms_norm adds", {"rms eps"}),
     (broken.rms_norm_dx_with_mean_term, "37x781 (row not a power of two), float32: grad_x",
      "a term of layer norm's backward", {"rms dx"}),
