@@ -1966,8 +1966,9 @@ def _norm_backward(dy, x2d, weight, mean, rstd, *, rms=False, mean_term=None, xh
             sums.append(partial[0].to(weight.dtype))
             continue
         out = torch.empty(n_cols, dtype=weight.dtype, device=x2d.device)
-        norm_sum_rows_kernel[(triton.cdiv(n_cols, 64),)](
-            partial, out, programs, n_cols, BLOCK_N=64
+        # wide column blocks: few programs, which is what costs in the interpreter
+        norm_sum_rows_kernel[(triton.cdiv(n_cols, 1024),)](
+            partial, out, programs, n_cols, BLOCK_N=1024
         )  # fmt: skip
         sums.append(out)
     return dx, sums[0], sums[1]

@@ -395,7 +395,10 @@ def _autograd_cases(seed: int, rms: bool) -> list[Case]:
     # the forward's check has the strided and the tiny rows; each case here runs four times
     shapes = [s for s in _shapes(generator) if s[3] != "shift" and s[1] not in SKIPPED]
     shapes.insert(3, ((2, 5, 300), "leading dimensions [2, 5]", {}, "leading"))
-    shapes.append(((300, 64), "many rows: every program takes several", {}, "many"))
+    # more rows than the lesson's backward has programs (N_PROGRAMS: 264 on a GPU, 4 in the
+    # interpreter, where every program is costly), several to each
+    many = runtime.by_mode(gpu=300, interpreter=24)
+    shapes.append(((many, 64), "many rows: every program takes several", {}, "many"))
     rows = [(*s, torch.float32, 1e-5) for s in shapes]
     rows += [((37, 781), "row not a power of two", {}, "", dtype, 1e-5)
              for dtype in runtime.DTYPES[1:]]  # fmt: skip
