@@ -145,7 +145,7 @@ class ForwardPlan:
         if eps is None:  # torch's default: the epsilon of the statistics' dtype
             eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
         self.rms, self.shape = rms, x.shape
-        self.param_shape = tuple(normalized_shape)
+        self.param_shape = options(normalized_shape, eps, rms)[0]
         n_cols = math.prod(self.param_shape)
         n_rows = math.prod(x.shape[: x.dim() - len(self.param_shape)])
         self.stats_shape = (1 if rms else 2, n_rows)  # the means, then the rstds
