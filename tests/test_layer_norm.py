@@ -240,6 +240,22 @@ def test_the_benchmark_records_the_forward_launch_bare():
     torch.testing.assert_close(y, expected)
 
 
+def test_a_kept_plan_serves_only_calls_like_its_first():
+    """Plans are kept by signature: another eps, another way of writing normalized_shape,
+    or a wrong one after a right one, each gets what a first call would."""
+    x, w, b, _ = _inputs((6, 40), (40,))
+    for eps in (1e-5, 0.5, 1e-5, 2):
+        for shape in (40, [40], (40,), x.shape[-1:]):
+            expected = F.layer_norm(x, (40,), w, b, eps)
+            torch.testing.assert_close(layer_norm(x, shape, w, b, eps), expected)
+        expected = F.rms_norm(x, (40,), w, eps)
+        torch.testing.assert_close(rms_norm(x, 40, w, eps), expected)
+    with pytest.raises(ValueError, match="must be x's last dimensions"):
+        layer_norm(x, 39, w[:39], b[:39])
+    with pytest.raises(TypeError, match="eps must be a float"):
+        layer_norm(x, 40, w, b, "1e-5")
+
+
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="bfloat16 runs on a GPU")
 def test_bfloat16_in_the_interpreter_is_refused_plainly():
     with pytest.raises(TypeError, match="bfloat16 needs a GPU"):

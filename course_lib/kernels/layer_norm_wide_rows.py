@@ -1,4 +1,4 @@
-"""Lesson 09's layer norm and RMSNorm for rows wider than one block (layer_norm.py's
+"""Lesson 09's layer norm and RMSNorm for rows wider than one block (norm_plans.py's
 MAX_FUSED_BLOCK): a program takes a row and loops over it in blocks of LOOP_BLOCK columns.
 
 The forward merges each block's mean and sum of squared deviations into the row's (Chan's
