@@ -277,67 +277,78 @@ class Linear(linear_kernels.Linear):
 
 
 # --- lesson 09: layer norm and RMSNorm ---------------------------------------------------
-# Declared without _operator's rule for taking an operator apart: these launchers launch
-# their kernels plainly, so the operator stays one opaque call on a GPU too.
 
 from course_lib.kernels import layer_norm as norm_kernels  # noqa: E402
+from course_lib.kernels import norm_plans  # noqa: E402
 
 
-def _norm_forward_fake(x2d, weight, bias, eps, rms):
-    stats = torch.float64 if x2d.dtype == torch.float64 else torch.float32
-    rows = x2d.shape[0]
-    return (
-        x2d.new_empty(x2d.shape), x2d.new_empty(0 if rms else rows, dtype=stats),
-        x2d.new_empty(rows, dtype=stats),
-    )  # fmt: skip
+def _norm_forward(x, weight, bias, normalized_shape, eps, rms, save_stats):
+    plan = norm_kernels.plan_for(x, tuple(normalized_shape), weight, bias, eps, rms)
+    y, stats, _ = plan(x, weight, bias, save_stats)
+    # an operator returns tensors, never None: no statistics is an empty tensor
+    return y, stats if stats is not None else _norm_stats_fake(x, normalized_shape, rms, False)
 
 
-def _norm_backward_impl(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype):
-    grads = norm_kernels.norm_backward(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype)
+def _norm_stats_fake(x, normalized_shape, rms, save_stats):
+    """The statistics the forward returns: [2, M] (RMSNorm's [1, M]), or empty."""
+    rows = math.prod(x.shape[: x.dim() - len(normalized_shape)])
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty((1 if rms else 2, rows) if save_stats else 0, dtype=dtype)
+
+
+def _norm_forward_fake(x, weight, bias, normalized_shape, eps, rms, save_stats):
+    return x.new_empty(x.shape), _norm_stats_fake(x, normalized_shape, rms, save_stats)
+
+
+def _norm_backward_impl(dy, x, weight, stats, needs, rms, bias_dtype, param_shape):
+    grads = norm_plans.backward(dy, x, weight, stats, tuple(needs), rms, bias_dtype,
+                                tuple(param_shape), norm_kernels.KERNELS)  # fmt: skip
     return tuple(g if g is not None else dy.new_empty(0) for g in grads)
 
 
-def _norm_backward_fake(dy, x2d, weight, mean, rstd, needs, rms, bias_dtype):
-    n_cols = x2d.shape[1]
-    dtypes = (x2d.dtype, weight.dtype if weight is not None else x2d.dtype, bias_dtype)
-    shapes = (x2d.shape, (n_cols,), (n_cols,))
+def _norm_backward_fake(dy, x, weight, stats, needs, rms, bias_dtype, param_shape):
+    dtypes = (x.dtype, x.dtype if weight is None else weight.dtype,
+              norm_plans.dtype_of(bias_dtype, x.dtype))  # fmt: skip
+    shapes = (x.shape, param_shape, param_shape)
     return tuple(
-        dy.new_empty(shape if need else 0, dtype=dtype or x2d.dtype)
+        dy.new_empty(shape if need else 0, dtype=dtype)
         for shape, need, dtype in zip(shapes, needs, dtypes)
     )  # fmt: skip
 
 
-for _schema, _impl, _fake in (
-    ("norm_forward(Tensor x2d, Tensor? weight, Tensor? bias, float eps, bool rms)"
-     " -> (Tensor, Tensor, Tensor)", norm_kernels.norm_forward, _norm_forward_fake),
-    ("norm_backward(Tensor dy, Tensor x2d, Tensor? weight, Tensor mean, Tensor rstd, "
-     "bool[] needs, bool rms, ScalarType? bias_dtype) -> (Tensor, Tensor, Tensor)",
-     _norm_backward_impl, _norm_backward_fake),
-):  # fmt: skip
-    _LIBRARY.define(_schema)
-    _LIBRARY.impl(_schema.split("(", 1)[0], _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"course::{_schema.split('(', 1)[0]}", _fake, lib=_LIBRARY)
+_norm_forward_op = _operator(
+    "norm_forward(Tensor x, Tensor? weight, Tensor? bias, SymInt[] normalized_shape, "
+    "float? eps, bool rms, bool save_stats) -> (Tensor, Tensor)",
+    _norm_forward,
+    _norm_forward_fake,
+)
+_norm_backward_op = _operator(
+    "norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor stats, bool[] needs, bool rms, "
+    "str? bias_dtype, SymInt[] param_shape) -> (Tensor, Tensor, Tensor)",
+    _norm_backward_impl,
+    _norm_backward_fake,
+)
 
 
 def _norm_autograd_setup(ctx, inputs, output):
-    x2d, weight, bias, _, rms = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x2d, weight, mean, rstd)
-    ctx.rms, ctx.bias_dtype = rms, bias.dtype if bias is not None else None
+    x, weight, bias, normalized_shape, _, rms, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.rms, ctx.param_shape = rms, list(normalized_shape)
+    ctx.bias_dtype = norm_plans.dtype_key(bias.dtype) if bias is not None else None
     needs = ctx.needs_input_grad
     ctx.needs = [needs[0], weight is not None and needs[1], bias is not None and needs[2]]
-    ctx.set_materialize_grads(False)  # mean and rstd are saved, never differentiated
+    ctx.set_materialize_grads(False)  # the statistics are saved, never differentiated
 
 
-def _norm_autograd_backward(ctx, grad_y, grad_mean, grad_rstd):
-    x2d, weight, mean, rstd = ctx.saved_tensors
+def _norm_autograd_backward(ctx, grad_y, grad_stats):
+    x, weight, stats = ctx.saved_tensors
     if grad_y is None:  # y did not reach the loss
-        return None, None, None, None, None
-    grads = torch.ops.course.norm_backward(
-        grad_y, x2d, weight, mean, rstd, ctx.needs, ctx.rms, ctx.bias_dtype
+        return None, None, None, None, None, None, None
+    grads = _norm_backward_op(
+        grad_y, x, weight, stats, ctx.needs, ctx.rms, ctx.bias_dtype, ctx.param_shape
     )  # fmt: skip
     grad_x, grad_weight, grad_bias = (g if need else None for g, need in zip(grads, ctx.needs))
-    return grad_x, grad_weight, grad_bias, None, None
+    return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
 def _refuse_norm_double_backward(ctx, *grads):
@@ -356,12 +367,15 @@ torch.library.register_autograd(
 )  # fmt: skip
 
 
-def _norm(x, shape, weight, bias, eps, rms):
-    n_cols = math.prod(shape)
-    x2d = norm_kernels._rows(x, n_cols)
-    flat = lambda p: None if p is None else p.reshape(n_cols)  # noqa: E731
-    y = torch.ops.course.norm_forward(x2d, flat(weight), flat(bias), eps, rms)[0]
-    return y.view(x.shape)
+def _norm(x, normalized_shape, weight, bias, eps, rms):
+    what = "rms_norm" if rms else "layer_norm"
+    shape = norm_plans.check_arguments(what, x, normalized_shape, weight, bias, eps)
+    tracked = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    )  # fmt: skip
+    # the statistics are stored only where a backward may come
+    eps = None if eps is None else float(eps)
+    return _norm_forward_op(x, weight, bias, list(shape), eps, rms, tracked)[0]
 
 
 def layer_norm(
@@ -370,8 +384,7 @@ def layer_norm(
 ) -> torch.Tensor:  # fmt: skip
     """kernels.layer_norm.layer_norm (torch.nn.functional.layer_norm's semantics, lesson
     09's Triton forward and backward), callable inside torch.compile(fullgraph=True)."""
-    shape = norm_kernels._check("layer_norm", x, normalized_shape, {"weight": weight, "bias": bias})
-    return _norm(x, shape, weight, bias, float(eps), False)
+    return _norm(x, normalized_shape, weight, bias, eps, False)
 
 
 def rms_norm(
@@ -380,7 +393,4 @@ def rms_norm(
 ) -> torch.Tensor:  # fmt: skip
     """kernels.layer_norm.rms_norm (torch.nn.functional.rms_norm's semantics), callable
     inside torch.compile(fullgraph=True)."""
-    shape = norm_kernels._check("rms_norm", x, normalized_shape, {"weight": weight})
-    if eps is None:
-        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
-    return _norm(x, shape, weight, None, float(eps), True)
+    return _norm(x, normalized_shape, weight, None, eps, True)

@@ -1966,8 +1966,9 @@ def _norm_backward(dy, x2d, weight, mean, rstd, *, rms=False, mean_term=None, xh
             sums.append(partial[0].to(weight.dtype))
             continue
         out = torch.empty(n_cols, dtype=weight.dtype, device=x2d.device)
-        norm_sum_rows_kernel[(triton.cdiv(n_cols, 64),)](
-            partial, out, programs, n_cols, BLOCK_N=64
+        # wide column blocks: few programs, which is what costs in the interpreter
+        norm_sum_rows_kernel[(triton.cdiv(n_cols, 1024),)](
+            partial, out, programs, n_cols, BLOCK_N=1024
         )  # fmt: skip
         sums.append(out)
     return dx, sums[0], sums[1]
@@ -1998,8 +1999,9 @@ def _norm_function(name, *, rms=False, forward=None, backward=None, default_eps=
     if rms:
 
         def apply(x, weight, eps=None):
-            if eps is None:
-                eps = default_eps if default_eps is not None else torch.finfo(torch.float32).eps
+            if eps is None:  # torch's default: the epsilon of the statistics' dtype
+                wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+                eps = default_eps if default_eps is not None else torch.finfo(wide).eps
             return NormFunction.apply(x, weight, None, eps)
 
     else:
@@ -2038,6 +2040,10 @@ rms_norm_subtracts_mean = _norm_function(
 rms_norm_eps_outside = _norm_function("rms_norm_eps_outside", rms=True,
                                       forward={"eps_outside": True})  # fmt: skip
 rms_norm_default_eps_1e6 = _norm_function("rms_norm_default_eps_1e6", rms=True, default_eps=1e-6)
+# float32's epsilon whatever x's dtype: wrong for float64 alone
+rms_norm_float32_eps_always = _norm_function(
+    "rms_norm_float32_eps_always", rms=True, default_eps=torch.finfo(torch.float32).eps
+)
 rms_norm_dx_with_mean_term = _norm_function(
     "rms_norm_dx_with_mean_term", rms=True, backward={"mean_term": True}
 )

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from reports import assert_hint_under, assert_no_other_family
 
 import course_lib
-from course_lib import DEVICE, ops, references, runtime
+from course_lib import DEVICE, bench, ops, references, runtime
+from course_lib.bench.recording import recording_launches
 from course_lib.checks import CheckFailed
 from course_lib.checks import layer_norm as norm_checks
 from course_lib.checks.tolerances import tolerance_for
@@ -144,20 +145,15 @@ def test_the_parameters_gradients_are_the_same_on_every_run():
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-def test_only_the_wanted_gradients_are_computed(monkeypatch):
-    asked = []
-
-    def recording_backward(*args, **kwargs):
-        asked.append(tuple(args[5]))  # `needs`: for x, weight and bias
-        return backward(*args, **kwargs)
-
-    backward = finished.norm_backward
-    monkeypatch.setattr(finished, "norm_backward", recording_backward)
+def test_only_the_wanted_gradients_are_computed():
     x, w, b, g = _inputs((37, 100), (100,))
     w.requires_grad_()
     y = layer_norm(x, 100, w, b)  # x and b require no gradient
-    (grad_w,) = torch.autograd.grad(y, w, g)
-    assert asked == [(False, True, False)]
+    with recording_launches() as launches:
+        (grad_w,) = torch.autograd.grad(y, w, g)
+    flags = {name: launches[0].kwargs[name] for name in ("DX", "DW", "DB")}
+    assert flags == {"DX": False, "DW": True, "DB": False}
+    assert [launch.grid[1] for launch in launches[1:]] == [1]  # dw's sum alone
     expected = references.norm_grads(x, w, b, g)[1]
     torch.testing.assert_close(grad_w, expected, rtol=1e-5, atol=1e-6 * math.sqrt(37))
 
@@ -205,6 +201,61 @@ def test_bad_input_gets_a_clear_error(call, error, message):
         call(x)
 
 
+@pytest.mark.parametrize(
+    ("dtypes", "x_dtype"),
+    [((torch.float16, torch.float32), torch.float32), ((torch.float32, None), torch.float64),
+     ((torch.float32, torch.float16), torch.float16), ((None, torch.float64), torch.float32)],
+    ids=["weight-and-bias-differ", "float32-weight-float64-x", "float16-bias-float32-weight",
+         "float64-bias-float32-x"],
+)  # fmt: skip
+def test_dtype_mixes_torch_refuses_are_refused(dtypes, x_dtype):
+    x = torch.randn(3, 8, device=DEVICE, dtype=x_dtype)
+    w, b = (None if d is None else torch.randn(8, device=DEVICE, dtype=d) for d in dtypes)
+    with pytest.raises(RuntimeError):  # torch's own refusal, for the record
+        F.layer_norm(x.cpu(), (8,), *(None if t is None else t.cpu() for t in (w, b)))
+    with pytest.raises(TypeError, match="give the weight and bias x's dtype"):
+        layer_norm(x, 8, w, b)
+
+
+def test_each_parameters_gradient_is_summed_in_float32_and_kept_in_its_dtype():
+    """A float16 x with a float32 bias (torch allows it): grad_bias sums 300 rows in
+    float32 and stays float32, not rounded to float16 on the way."""
+    x, _, b, g = _inputs((300, 64), (64,), torch.float16)
+    b = b.float().requires_grad_()
+    (grad_b,) = torch.autograd.grad(layer_norm(x, 64, None, b), b, g)
+    assert grad_b.dtype == torch.float32
+    expected = g.double().sum(0)
+    torch.testing.assert_close(grad_b.double(), expected, rtol=0, atol=1e-4)
+    assert not torch.equal(grad_b, expected.half().float())  # finer than float16's rounding
+
+
+def test_the_benchmark_records_the_forward_launch_bare():
+    x, w, b, _ = _inputs((37, 100), (100,))
+    bare = bench.bare_launches(lambda: layer_norm(x, 100, w, b))
+    assert bare is not None and bare.kernel is finished.norm_fwd_kernel
+    y = bare.args[1]  # the output the recorded call wrote
+    expected = y.clone()
+    y.fill_(math.nan)
+    bare()
+    torch.testing.assert_close(y, expected)
+
+
+def test_a_kept_plan_serves_only_calls_like_its_first():
+    """Plans are kept by signature: another eps, another way of writing normalized_shape,
+    or a wrong one after a right one, each gets what a first call would."""
+    x, w, b, _ = _inputs((6, 40), (40,))
+    for eps in (1e-5, 0.5, 1e-5, 2):
+        for shape in (40, [40], (40,), x.shape[-1:]):
+            expected = F.layer_norm(x, (40,), w, b, eps)
+            torch.testing.assert_close(layer_norm(x, shape, w, b, eps), expected)
+        expected = F.rms_norm(x, (40,), w, eps)
+        torch.testing.assert_close(rms_norm(x, 40, w, eps), expected)
+    with pytest.raises(ValueError, match="must be x's last dimensions"):
+        layer_norm(x, 39, w[:39], b[:39])
+    with pytest.raises(TypeError, match="eps must be a float"):
+        layer_norm(x, 40, w, b, "1e-5")
+
+
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="bfloat16 runs on a GPU")
 def test_bfloat16_in_the_interpreter_is_refused_plainly():
     with pytest.raises(TypeError, match="bfloat16 needs a GPU"):
@@ -238,7 +289,9 @@ def test_the_operators_compile_with_fullgraph(rms):
 
 def test_the_operator_passes_opcheck():
     x, w, b, _ = _inputs((6, 40), (40,))
-    torch.library.opcheck(torch.ops.course.norm_forward.default, (x, w, b, 1e-5, False))
+    for save_stats in (False, True):
+        args = (x, w, b, [40], 1e-5, False, save_stats)
+        torch.library.opcheck(torch.ops.course.norm_forward.default, args)
 
 
 # --- GPU: bfloat16 and the benchmark's shapes -------------------------------------------
@@ -280,7 +333,10 @@ def test_the_finished_kernels_pass_their_checks_with_bfloat16_on_a_gpu():
 
 
 def _forward(x, weight, bias, eps=1e-5, BLOCK_SIZE=None):  # noqa: N803
-    return finished.norm_forward(x, weight, bias, eps)
+    """The finished forward as the exercise's: (y, mean, rstd), mean and rstd [M]."""
+    plan = finished.plan_for(x, x.shape[-1], weight, bias, eps, rms=False)
+    y, stats, _ = plan(x, weight, bias, save_stats=True)
+    return y, stats[0], stats[1]
 
 
 def test_the_finished_kernels_pass_the_lessons_checks():
@@ -391,6 +447,8 @@ NORM_MISTAKES = [
     (broken.rms_norm_eps_outside, "close to eps), float32: forward: y",
      "eps belongs inside the square root", {"eps"}),
     (broken.rms_norm_default_eps_1e6, "(values near 3e-4 and eps=None), float32: forward: y",
+     "with eps=None, torch's rms_norm adds", {"rms eps"}),
+    (broken.rms_norm_float32_eps_always, "(values near 3e-4 and eps=None), float64: forward: y",
      "with eps=None, torch's rms_norm adds", {"rms eps"}),
     (broken.rms_norm_dx_with_mean_term, "37x781 (row not a power of two), float32: grad_x",
      "a term of layer norm's backward", {"rms dx"}),

@@ -457,50 +457,6 @@ NORM_STEP_TARGETS = [
 RMS_STEP_TARGETS = [Target("torch.compile", 1.0, _at(*NORM_ANCHORS), "at the three anchors")]
 
 
-def _norm_bare_forward(x, weight, bias, eps, rms):
-    """The forward's kernel launched bare, as layer_norm launches it for these tensors."""
-    import triton
-    import triton.language as tl
-
-    from course_lib.kernels import layer_norm as norm
-
-    y = norm.norm_forward(x, weight, bias, eps, rms, save_stats=False)[0]  # to write again
-    block_n = triton.next_power_of_2(x.shape[1])
-    if block_n > norm.MAX_FUSED_BLOCK:
-        return None
-    rows, num_warps = norm._config(block_n)
-    grid = (triton.cdiv(x.shape[0], rows),)
-    # no statistics: a forward that no backward follows saves none (y stands in for them)
-    args = (x, y, weight, bias if bias is not None else x, y, y, x.shape[0], x.shape[1],
-            x.stride(0), y.stride(0), eps)  # fmt: skip
-    meta = dict(BLOCK_N=block_n, ROWS=rows, num_warps=num_warps, HAS_WEIGHT=True,
-                HAS_BIAS=bias is not None, RMS=rms, SAVE_STATS=False,
-                ACC_DTYPE=tl.float32)  # fmt: skip
-    return lambda: norm.norm_fwd_kernel[grid](*args, **meta)
-
-
-def _fill_bare_launches(sweep: Sweep, kernel, make_inputs, bare, rounds: int = 3) -> None:
-    """run_sweep finds no bare launches of a plain kernel[grid] launcher: time the kernel's
-    call and its bare launch here, in interleaved rounds, host µs and do_bench alike."""
-    import statistics
-
-    from course_lib.bench.timing import do_bench_ms, launch_us
-
-    for i, point in enumerate(sweep.points):
-        inputs = make_inputs(point)
-        launch = bare(*inputs)
-        if launch is None:
-            continue
-        calls = {"kernel": lambda a=inputs: kernel(*a), "bare": launch}
-        us = {name: [] for name in calls}
-        for _ in range(rounds):
-            for name, call in calls.items():
-                us[name].append(launch_us(call))
-        for name in calls:
-            sweep.launch_us[name][i] = statistics.median(us[name])
-        sweep.do_bench["bare"][i] = do_bench_ms(launch)
-
-
 def layer_norm_suite(ceiling_gbps: float) -> Iterator[Sweep]:
     """bf16 layer norm and RMSNorm: the forward against torch's, torch.compile's and a copy
     of the same matrix (the most a forward can reach: it reads and writes it once); a
@@ -534,9 +490,6 @@ def layer_norm_suite(ceiling_gbps: float) -> Iterator[Sweep]:
                 {"torch": theirs, "torch.compile": torch.compile(theirs, dynamic=False),
                  "copy": lambda x, w, b: torch.clone(x)},
                 NORM_FORWARD_SHAPES, inputs, rate(references.layer_norm_bytes), rounds=3,
-            )  # fmt: skip
-            _fill_bare_launches(
-                sweep, ours, inputs, lambda x, w, b: _norm_bare_forward(x, w, b, eps, False)
             )  # fmt: skip
             yield sweep
 
