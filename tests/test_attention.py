@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from reports import assert_hint_under, assert_no_other_family
 
 import course_lib
-from course_lib import DEVICE, references, runtime
+from course_lib import DEVICE, ops, references, runtime
 from course_lib.checks import CheckFailed
 from course_lib.checks import attention as attention_checks
 from course_lib.kernels import attention as kernels
@@ -397,3 +397,46 @@ def test_memory_grows_linearly_with_the_sequence():
     small, large = peak(2048), peak(8192)
     assert large < 5 * small, (small, large)
     assert large < 8 * 8192 * 8192 * 2 / 4  # a quarter of one bf16 score matrix per head
+
+
+# --- the operator ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_operator_compiles_with_fullgraph(causal):
+    q, k, v, do = _qkv(2, 4, 2, 19, 23, 16, grad=True)
+
+    def ours(q, k, v):
+        return ops.attention(q, k, v, causal, 0.4) * 2
+
+    def theirs(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.4,
+                                              enable_gqa=True) * 2  # fmt: skip
+
+    torch.compiler.reset()
+    compiled = torch.compile(ours, fullgraph=True, backend=ops.COMPILE_BACKEND)
+    results = []
+    for fn in (compiled, theirs):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        results.append((out, *torch.autograd.grad(out, leaves, do)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_operators_pass_opcheck():
+    q, k, v, do = _qkv(1, 4, 2, 9, 12, 16, grad=True)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    torch.library.opcheck(torch.ops.course.attention_forward.default, (*leaves, True, None))
+    o, lse = kernels.forward(q, k, v, True)
+    torch.library.opcheck(torch.ops.course.attention_backward.default,
+                          (do, q.detach(), k.detach(), v.detach(), o, lse, True, 0.25))  # fmt: skip
+
+
+def test_the_operator_refuses_a_second_derivative_and_bad_input():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 2, 5, 5, 16))
+    (grad_q,) = torch.autograd.grad(ops.attention(q, k, v).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(grad_q.sum(), q)
+    with pytest.raises(ValueError, match="head dimension d=8"):
+        ops.attention(q[..., :8], k[..., :8], v[..., :8])
