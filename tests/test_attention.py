@@ -143,6 +143,8 @@ ATTENTION_FAMILIES = {
     "dk scale": ["dK = dSᵀ·Q·scale"],
     "backward mask": ["the backward too must hide the keys"],
     "autograd": ["the result carries no gradient"],
+    "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
+    "half": ["keep m, l and acc in float32"],
 }  # fmt: skip
 PRIME = "B=1, H=2, N=37, d=32 (prime), float32"
 PRIME_FP16 = "B=1, H=2, N=61, d=64 (prime), float16"
@@ -177,6 +179,12 @@ ATTENTION_MISTAKES = [
      "the last, partial block of queries has no program", {"grid"}),
     (broken.attention_forward_grid_floor, False, "(smaller than a block), float32: o",
      "the grid has no programs", {"grid"}),
+    (broken.attention_forward_sums_in_half, False, f"{PRIME_FP16}: o",
+     "keep m, l and acc in float32", {"half"}),
+    (broken.attention_backward_key_grid_floor, False, f"{PRIME}: dv",
+     "the last, partial block of keys was never written", {"key grid"}),
+    (broken.attention_backward_key_grid_floor, False, "(smaller than a block), float32: dk",
+     "no row of keys was written", {"key grid"}),
     (broken.attention_backward_without_d, False, f"{PRIME}: dq", "dS is missing D", {"D"}),
     (broken.attention_backward_without_d, False, f"{PRIME_FP16}: dk", "dS is missing D", {"D"}),
     (broken.attention_backward_dv_unnormalised, False, f"{PRIME}: dv",
