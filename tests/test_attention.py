@@ -448,3 +448,27 @@ def test_the_operator_refuses_a_second_derivative_and_bad_input():
         torch.autograd.grad(grad_q.sum(), q)
     with pytest.raises(ValueError, match="head dimension d=8"):
         ops.attention(q[..., :8], k[..., :8], v[..., :8])
+
+
+# --- the grader's replay ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fn", "causal"),
+    [(broken.attention_forward, True), (broken.attention_forward_keys_not_masked, False),
+     (broken.attention_backward_without_d, False), (broken.attention, False)],
+    ids=["forward-causal", "keys-not-masked", "backward-without-d", "autograd"],
+)  # fmt: skip
+def test_a_replayed_check_judges_as_the_check_itself(fn, causal):
+    from test_replay import _record_then_replay
+
+    name = fn.__name__
+    if name.startswith("attention_forward"):
+        check = functools.partial(course_lib.check_attention_forward, causal=causal)
+    elif name.startswith("attention_backward"):
+        check = functools.partial(course_lib.check_attention_backward, causal=causal)
+    else:
+        check = course_lib.check_attention
+    original, replayed, _ = _record_then_replay(check, fn)
+    assert [c.passed for c in replayed.cases] == [c.passed for c in original.cases]
+    assert [c.hint for c in replayed.cases] == [c.hint for c in original.cases]
