@@ -288,8 +288,8 @@ TUNED_FROM = 1 << 20  # Nq·Nk from which the forward's tile is autotuned on a G
 # the forward's candidates on a GPU, for head dimensions up to 128
 FORWARD_CONFIGS = [
     triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-    for m, n, w, st in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
-                        (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4)]
+    for m, n, w, st in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+                        (128, 128, 8, 2), (128, 64, 4, 4)]
 ]  # fmt: skip
 attention_fwd_autotuned = triton.autotune(
     configs=FORWARD_CONFIGS, key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "INPUT_PRECISION"],
