@@ -384,3 +384,80 @@ def rms_norm(
     if eps is None:
         eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
     return _norm(x, shape, weight, None, float(eps), True)
+
+
+# --- lesson 10: flash attention --------------------------------------------------------------
+# Declared plainly, as layer norm's: the operator stays one opaque call on a GPU too, its
+# forward's autotuned launch made by the finished kernel's own launcher.
+
+from course_lib.kernels import attention as attention_kernels  # noqa: E402
+
+
+def _attention_forward_fake(q, k, v, causal, scale):
+    lse = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=lse)
+
+
+def _attention_backward_fake(do, q, k, v, o, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_backward_impl(do, q, k, v, o, lse, causal, scale):
+    return attention_kernels.backward(do, q, k, v, o, lse, causal, scale)
+
+
+for _schema, _impl, _fake in (
+    ("attention_forward(Tensor q, Tensor k, Tensor v, bool causal, float? scale)"
+     " -> (Tensor, Tensor)", attention_kernels.forward, _attention_forward_fake),
+    ("attention_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+     "bool causal, float? scale) -> (Tensor, Tensor, Tensor)", _attention_backward_impl,
+     _attention_backward_fake),
+):  # fmt: skip
+    _LIBRARY.define(_schema)
+    _LIBRARY.impl(_schema.split("(", 1)[0], _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"course::{_schema.split('(', 1)[0]}", _fake, lib=_LIBRARY)
+
+
+def _attention_autograd_setup(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)  # O(N): the scores are recomputed from lse
+    ctx.causal, ctx.scale = causal, scale
+    ctx.set_materialize_grads(False)  # lse is saved, never differentiated
+
+
+def _attention_autograd_backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if grad_o is None:  # o did not reach the loss
+        return None, None, None, None, None
+    grads = torch.ops.course.attention_backward(grad_o, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return *grads, None, None
+
+
+def _refuse_attention_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "course_lib.ops.attention is differentiable once: use "
+        "torch.nn.functional.scaled_dot_product_attention for higher derivatives"
+    )
+
+
+torch.library.register_autograd(
+    "course::attention_forward", _attention_autograd_backward,
+    setup_context=_attention_autograd_setup, lib=_LIBRARY,
+)  # fmt: skip
+torch.library.register_autograd(
+    "course::attention_backward", _refuse_attention_double_backward, lib=_LIBRARY
+)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """kernels.attention.attention (scaled_dot_product_attention's semantics, grouped-query
+    attention included, lesson 10's Triton forward and backward), callable inside
+    torch.compile(fullgraph=True)."""
+    attention_kernels.check_arguments(q, k, v, causal, scale)
+    return torch.ops.course.attention_forward(
+        q, k, v, causal, None if scale is None else float(scale)
+    )[0]

@@ -303,3 +303,81 @@ def layer_norm_backward_bytes(m: int, n: int, dtype: torch.dtype) -> int:
     """The least a forward and backward move together: the forward's read of x and write of
     y, then the backward's reads of x and the output's gradient and write of grad_x."""
     return 5 * m * n * torch.empty((), dtype=dtype).element_size()
+
+
+def _attention_scores(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float | None
+) -> torch.Tensor:
+    """The scaled scores q·kᵀ·scale in float64, [B, H, Nq, Nk], with every key that a query
+    does not see at -inf: a causal query i sees keys j <= i (the diagonal aligned top-left,
+    as SDPA's is_causal, also where Nq != Nk). Grouped-query attention: query head h reads
+    kv head h // (H // Hkv)."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[-1] != k.shape[-1] or q.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"attention expects q [B, H, Nq, d] and k [B, Hkv, Nk, d]; got {list(q.shape)} "
+            f"and {list(k.shape)}"
+        )
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"attention: q's {heads} heads must be a multiple of k's {kv_heads}")
+    k64 = k.double().repeat_interleave(heads // kv_heads, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = q.double() @ k64.transpose(-1, -2) * scale
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        hidden = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(diagonal=1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return scores
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """softmax(q·kᵀ·scale)·v with torch.nn.functional.scaled_dot_product_attention's
+    semantics, computed in float64 and rounded once to q's dtype: q [B, H, Nq, d], k and v
+    [B, Hkv, Nk, d] with H a multiple of Hkv (query head h reads kv head h // (H // Hkv));
+    `causal` as SDPA's is_causal (query i sees keys j <= i); scale defaults to 1/sqrt(d).
+
+    A fused kernel reads q, k and v and writes o: (2·Nq + 2·Nk)·d elements per head. This
+    version writes and reads the [Nq, Nk] scores and probabilities too; at Nq = Nk = 8192
+    that is 64 M elements per head, against 4 M for q, k, v and o together."""
+    scores = _attention_scores(q, k, causal, scale)
+    v64 = v.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return (torch.softmax(scores, dim=-1) @ v64).to(q.dtype)
+
+
+def attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The natural-log logsumexp of each query's scaled, masked scores, [B, H, Nq] in
+    float32: what a flash forward saves so that its backward can recompute the softmax,
+    P = exp(S·scale - lse), without a second pass for the max and the sum."""
+    return torch.logsumexp(_attention_scores(q, k, causal, scale), dim=-1).float()
+
+
+def attention_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) of attention for the output's gradient do [B, H, Nq, d], by autograd
+    in float64, each rounded once to its input's dtype. With P the softmax and
+    D = rowsum(do·o): dv = Pᵀ·do, dS = P·(do·vᵀ - D), dq = dS·k·scale, dk = dSᵀ·q·scale,
+    dk and dv summed over the query heads that share a kv head."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o = attention(*leaves, causal=causal, scale=scale)
+    grads = torch.autograd.grad(o, leaves, do.double())
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))  # fmt: skip
+
+
+def attention_flops(b: int, h: int, nq: int, nk: int, d: int, causal: bool) -> int:
+    """The forward's floating-point operations: two products per head, S = q·kᵀ and
+    O = P·v, 2·Nq·Nk·d each, so 4·B·H·Nq·Nk·d. Causal with Nq = Nk counts half, as
+    FlashAttention's and PyTorch's benchmarks do (the diagonal's own half ignored); causal
+    with Nq != Nk counts the (query, key) pairs seen. A backward is five such products
+    (S again, dV, dP, dQ, dK): 2.5 times the forward, 3.5 times for both."""
+    if causal and nq == nk:
+        return 2 * b * h * nq * nk * d
+    pairs = sum(min(i + 1, nk) for i in range(nq)) if causal else nq * nk
+    return 4 * b * h * pairs * d

@@ -2047,3 +2047,332 @@ rms_norm_dx_without_xhat_term = _norm_function(
 rms_norm_dw_without_xhat = _norm_function(
     "rms_norm_dw_without_xhat", rms=True, backward={"dw_xhat": False}
 )
+
+
+# --- lesson 10: flash attention, at the lesson's block sizes --------------------------------
+
+ATTN_BLOCK = 16  # BLOCK_M = BLOCK_N, as the lesson's exercises use in the interpreter
+
+
+@triton.jit
+def attn_fwd_variant_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, n_q, n_k, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    RESCALE: tl.constexpr, SCALES: tl.constexpr, MASK_VALUE: tl.constexpr,
+    DIAGONAL: tl.constexpr, NORMALISE_EACH_STEP: tl.constexpr, LSE: tl.constexpr,
+    MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr,
+):  # fmt: skip
+    """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
+    [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
+    qk_scale = 1.44269504
+    for _ in tl.static_range(SCALES):  # right: once; mistakes: never, or twice
+        qk_scale = qk_scale * scale
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    end = n_k
+    if CAUSAL:
+        end = tl.minimum(n_k, start_m + BLOCK_M + (BLOCK_N if DIAGONAL == 1 else 0))
+        if DIAGONAL == 2:  # mistake: the diagonal aligned bottom right
+            end = n_k
+    for start_n in range(0, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        if LOAD_MASK:
+            k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+            v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+        else:  # mistake: reads past the end of k and v
+            k = tl.load(k_ptr + kv_offs)
+            v = tl.load(v_ptr + kv_offs)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N], in log2 units
+        visible = offs_n[None, :] < n_k
+        if not MASK_KEYS:  # mistake: keys past n_k keep their score
+            visible = offs_n[None, :] < n_k + BLOCK_N
+        if CAUSAL:
+            if DIAGONAL == 0:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            elif DIAGONAL == -1:  # mistake: j < i
+                visible = visible & (offs_n[None, :] < offs_m[:, None])
+            elif DIAGONAL == 1:  # mistake: j <= i + 1
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + 1)
+            else:  # mistake: bottom right, j <= i + n_k - n_q
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + n_k - n_q)
+        s = tl.where(visible, s, MASK_VALUE)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        if RESCALE:
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:  # mistake: the running sums kept on the old max's scale
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc + tl.dot(p.to(v.dtype), v)
+        if NORMALISE_EACH_STEP:  # mistake: divided by the running sum at every step
+            acc = acc / l_i[:, None]
+        m_i = m_new
+    if not NORMALISE_EACH_STEP:
+        acc = acc / l_i[:, None]
+    o_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptr + o_offs, acc.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
+    if LSE == "natural":
+        lse = (m_i + tl.log2(l_i)) * 0.69314718
+    elif LSE == "log2":  # mistake: left in base 2
+        lse = m_i + tl.log2(l_i)
+    else:  # mistake: the max alone
+        lse = m_i * 0.69314718
+    tl.store(lse_ptr + bh * n_q + offs_m, lse, mask=offs_m < n_q)
+
+
+ATTN_FORWARD_RIGHT = dict(
+    RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
+    LSE="natural", MASK_KEYS=True, LOAD_MASK=True,
+)  # fmt: skip
+
+
+def _attn_forward(q, k, v, causal, scale, *, grid_floor=False, **mistake):
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    q3, k3, v3 = (t.contiguous().view(B * H, -1, d) for t in (q, k, v))
+    o = torch.empty((B, H, n_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    rows = n_q // ATTN_BLOCK if grid_floor else triton.cdiv(n_q, ATTN_BLOCK)
+    attn_fwd_variant_kernel[(rows, B * H)](
+        q3, k3, v3, o, lse, n_q, n_k, scale, HEAD_DIM=d, BLOCK_M=ATTN_BLOCK,
+        BLOCK_N=ATTN_BLOCK, CAUSAL=causal, **(ATTN_FORWARD_RIGHT | mistake),
+    )  # fmt: skip
+    return o, lse
+
+
+def attention_forward(q, k, v, causal, scale):  # right
+    return _attn_forward(q, k, v, causal, scale)
+
+
+def _attn_forward_variant(name, **mistake):
+    def forward(q, k, v, causal, scale):
+        return _attn_forward(q, k, v, causal, scale, **mistake)
+
+    forward.__name__ = forward.__qualname__ = name
+    return forward
+
+
+attention_forward_no_rescale = _attn_forward_variant("attention_forward_no_rescale", RESCALE=False)
+attention_forward_scale_never = _attn_forward_variant("attention_forward_scale_never", SCALES=0)
+attention_forward_scale_twice = _attn_forward_variant("attention_forward_scale_twice", SCALES=2)
+attention_forward_mask_zero = _attn_forward_variant("attention_forward_mask_zero", MASK_VALUE=0.0)
+attention_forward_diagonal_hidden = _attn_forward_variant(
+    "attention_forward_diagonal_hidden", DIAGONAL=-1
+)
+attention_forward_one_past_diagonal = _attn_forward_variant(
+    "attention_forward_one_past_diagonal", DIAGONAL=1
+)
+attention_forward_bottom_right = _attn_forward_variant("attention_forward_bottom_right", DIAGONAL=2)
+attention_forward_normalise_each_step = _attn_forward_variant(
+    "attention_forward_normalise_each_step", NORMALISE_EACH_STEP=True
+)
+attention_forward_lse_log2 = _attn_forward_variant("attention_forward_lse_log2", LSE="log2")
+attention_forward_lse_max = _attn_forward_variant("attention_forward_lse_max", LSE="max")
+attention_forward_keys_not_masked = _attn_forward_variant(
+    "attention_forward_keys_not_masked", MASK_KEYS=False
+)
+attention_forward_no_load_mask = _attn_forward_variant(
+    "attention_forward_no_load_mask", LOAD_MASK=False
+)
+attention_forward_grid_floor = _attn_forward_variant(
+    "attention_forward_grid_floor", grid_floor=True
+)
+
+
+@triton.jit
+def attn_bwd_preprocess_variant_kernel(o_ptr, do_ptr, delta_ptr, n_rows,
+                                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """D = rowsum(dO * O) for the rows of o and do as contiguous [rows, d]."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs = offs_m[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
+    mask = offs_m[:, None] < n_rows
+    o = tl.load(o_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + offs_m, tl.sum(o * do, axis=1), mask=offs_m < n_rows)
+
+
+@triton.jit
+def attn_bwd_dkdv_variant_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_q, n_k, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    D_TERM: tl.constexpr, P_FROM_LSE: tl.constexpr, DK_SCALED: tl.constexpr,
+    LSE_UNITS: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+):  # fmt: skip
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+    v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    qk_scale = scale * 1.44269504
+    start = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+    for start_m in range(start, n_q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
+        do = tl.load(do_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
+        lse = tl.load(lse_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
+        if LSE_UNITS == "natural":
+            lse = lse * 1.44269504
+        s_t = tl.dot(k, tl.trans(q)) * qk_scale  # [BLOCK_N, BLOCK_M]: the scores transposed
+        if P_FROM_LSE:
+            p_t = tl.exp2(s_t - lse[None, :])
+        else:  # mistake: P left unnormalised, exp(S) without the lse
+            p_t = tl.exp2(s_t)
+        if CAUSAL and CAUSAL_MASK:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        p_t = tl.where(offs_n[:, None] < n_k, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do)
+        dp_t = tl.dot(v, tl.trans(do))
+        delta = tl.load(delta_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+        if D_TERM:
+            ds_t = p_t * (dp_t - delta[None, :])
+        else:  # mistake: D left out of dS
+            ds_t = p_t * dp_t
+        dk += tl.dot(ds_t.to(q.dtype), q)
+    if DK_SCALED:
+        dk *= scale
+    tl.store(dk_ptr + kv_offs, dk.to(dk_ptr.dtype.element_ty), mask=offs_n[:, None] < n_k)
+    tl.store(dv_ptr + kv_offs, dv.to(dv_ptr.dtype.element_ty), mask=offs_n[:, None] < n_k)
+
+
+@triton.jit
+def attn_bwd_dq_variant_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, n_q, n_k, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    D_TERM: tl.constexpr, DQ_SCALED: tl.constexpr, LSE_UNITS: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
+    do = tl.load(do_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
+    lse = tl.load(lse_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
+    if LSE_UNITS == "natural":
+        lse = lse * 1.44269504
+    delta = tl.load(delta_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    qk_scale = scale * 1.44269504
+    end = tl.minimum(n_k, start_m + BLOCK_M) if CAUSAL else n_k
+    for start_n in range(0, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if CAUSAL and CAUSAL_MASK:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        p = tl.where(offs_n[None, :] < n_k, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None]) if D_TERM else p * dp
+        dq += tl.dot(ds.to(k.dtype), k)
+    if DQ_SCALED:
+        dq *= scale
+    tl.store(dq_ptr + q_offs, dq.to(dq_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
+
+
+ATTN_BACKWARD_RIGHT = dict(D_TERM=True, P_FROM_LSE=True, DK_SCALED=True, DQ_SCALED=True,
+                           LSE_UNITS="natural", CAUSAL_MASK=True)  # fmt: skip
+
+
+def _attn_backward(q, k, v, o, lse, do, causal, scale, **mistake):
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    flags = ATTN_BACKWARD_RIGHT | mistake
+    q3, k3, v3, o3, do3 = (t.contiguous().view(B * H, -1, d) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    attn_bwd_preprocess_variant_kernel[(triton.cdiv(B * H * n_q, ATTN_BLOCK),)](
+        o3, do3, delta, B * H * n_q, HEAD_DIM=d, BLOCK_M=ATTN_BLOCK
+    )  # fmt: skip
+    dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+    common = dict(HEAD_DIM=d, BLOCK_M=ATTN_BLOCK, BLOCK_N=ATTN_BLOCK, CAUSAL=causal,
+                  D_TERM=flags["D_TERM"], LSE_UNITS=flags["LSE_UNITS"],
+                  CAUSAL_MASK=flags["CAUSAL_MASK"])  # fmt: skip
+    attn_bwd_dkdv_variant_kernel[(triton.cdiv(n_k, ATTN_BLOCK), B * H)](
+        q3, k3, v3, do3, lse, delta, dk, dv, n_q, n_k, scale, **common,
+        P_FROM_LSE=flags["P_FROM_LSE"], DK_SCALED=flags["DK_SCALED"],
+    )  # fmt: skip
+    attn_bwd_dq_variant_kernel[(triton.cdiv(n_q, ATTN_BLOCK), B * H)](
+        q3, k3, v3, do3, lse, delta, dq, n_q, n_k, scale, **common, DQ_SCALED=flags["DQ_SCALED"]
+    )  # fmt: skip
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def attention_backward(q, k, v, o, lse, do, causal, scale):  # right
+    return _attn_backward(q, k, v, o, lse, do, causal, scale)
+
+
+def _attn_backward_variant(name, **mistake):
+    def backward(q, k, v, o, lse, do, causal, scale):
+        return _attn_backward(q, k, v, o, lse, do, causal, scale, **mistake)
+
+    backward.__name__ = backward.__qualname__ = name
+    return backward
+
+
+attention_backward_without_d = _attn_backward_variant("attention_backward_without_d", D_TERM=False)
+attention_backward_dv_unnormalised = _attn_backward_variant(
+    "attention_backward_dv_unnormalised", P_FROM_LSE=False
+)
+attention_backward_unscaled = _attn_backward_variant(
+    "attention_backward_unscaled", DQ_SCALED=False, DK_SCALED=False
+)
+attention_backward_lse_as_log2 = _attn_backward_variant(
+    "attention_backward_lse_as_log2", LSE_UNITS="log2"
+)
+attention_backward_no_causal_mask = _attn_backward_variant(
+    "attention_backward_no_causal_mask", CAUSAL_MASK=False
+)
+
+
+def _attention_function(name, forward=None, backward=None):
+    """The lesson's forward and backward through autograd, with the mistakes `forward` and
+    `backward` (keyword arguments of _attn_forward and _attn_backward)."""
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o, lse = _attn_forward(q, k, v, causal, scale, **(forward or {}))
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            grads = _attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, **(backward or {}))
+            return *grads, None, None
+
+    def apply(q, k, v, causal=False, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return AttentionFunction.apply(q, k, v, causal, scale)
+
+    apply.__name__ = apply.__qualname__ = name
+    return apply
+
+
+attention = _attention_function("attention")
+attention_without_d = _attention_function("attention_without_d", backward={"D_TERM": False})
+attention_lse_log2 = _attention_function("attention_lse_log2", forward={"LSE": "log2"})
+attention_no_rescale = _attention_function("attention_no_rescale", forward={"RESCALE": False})
+
+
+def attention_without_function(q, k, v, causal=False, scale=None):
+    """The forward alone, with no autograd Function: its output has no gradient."""
+    return _attn_forward(q, k, v, causal, q.shape[-1] ** -0.5 if scale is None else scale)[0]

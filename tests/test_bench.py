@@ -239,3 +239,17 @@ def test_every_autotuner_compares_its_configs_by_the_gpus_time():
     assert len(autotuners) >= 6  # lesson 05's, its two fast paths', 06's two and 07's
     for name, autotuner in autotuners.items():
         assert autotuner.do_bench is bench.autotune_timer, name
+
+
+def test_the_attention_suite_is_registered_around_its_targets_anchor():
+    from course_lib.bench import suites
+
+    assert suites.SUITES["attention"] is suites.attention_suite
+    assert suites.ATTENTION_ANCHOR in suites.ATTENTION_POINTS
+    # every point has the same tokens and width: as much work per key at every length
+    for b, h, n, d in suites.ATTENTION_POINTS:
+        assert b * n == suites.ATTENTION_TOKENS and h * d == suites.ATTENTION_WIDTH
+    assert {n for _, _, n, _ in suites.ATTENTION_POINTS} >= {1024, 16384}
+    for targets in suites.ATTENTION_TARGETS.values():
+        assert {t.baseline for t in targets} == {"SDPA flash", "SDPA cuDNN"}
+        assert all(t.where(suites.ATTENTION_ANCHOR) for t in targets)

@@ -561,3 +561,120 @@ def layer_norm_suite(ceiling_gbps: float) -> Iterator[Sweep]:
 
 
 SUITES["layer_norm"] = layer_norm_suite
+
+
+# lesson 10: flash attention, bf16, against SDPA's flash and cuDNN backends. B·N stays 16k
+# tokens and H·d 2048, so that every point has the same work per key and enough of it
+ATTENTION_TOKENS, ATTENTION_WIDTH = 16384, 2048
+ATTENTION_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+ATTENTION_POINTS = [
+    (ATTENTION_TOKENS // n, ATTENTION_WIDTH // d, n, d)
+    for d in (64, 128)
+    for n in ATTENTION_LENGTHS
+]
+ATTENTION_ANCHOR = (ATTENTION_TOKENS // 4096, ATTENTION_WIDTH // 128, 4096, 128)
+ATTENTION_TARGETS = {
+    "forward": [
+        Target("SDPA flash", 1.25, _at(ATTENTION_ANCHOR), "at d=128, N=4096"),
+        Target("SDPA cuDNN", 0.8, _at(ATTENTION_ANCHOR), "at d=128, N=4096"),
+    ],
+    "forward + backward": [
+        Target("SDPA flash", 1.0, _at(ATTENTION_ANCHOR), "at d=128, N=4096"),
+        Target("SDPA cuDNN", 0.7, _at(ATTENTION_ANCHOR), "at d=128, N=4096"),
+    ],
+}
+
+
+def _sdpa(backend):
+    """scaled_dot_product_attention held to one backend, as (q, k, v, causal) -> o."""
+    from torch.nn.attention import sdpa_kernel
+
+    def attend(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return attend
+
+
+def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """bf16 attention, B x H x N x d, causal and not: the forward, and a training step's
+    forward and backward, against SDPA's flash backend (FlashAttention-2) and its cuDNN
+    backend, in TFLOP/s (references.attention_flops; a backward counts 2.5 forwards). Then
+    the peak memory of a causal step against SDPA's math backend, which writes the scores."""
+    from torch.nn.attention import SDPBackend
+
+    from course_lib.kernels import attention as attention_kernels
+
+    dtype, ceiling = torch.bfloat16, matmul_peak(torch.bfloat16)
+    sides = {
+        "ours": lambda q, k, v, causal: attention_kernels.attention(q, k, v, causal),
+        "SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+        "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+
+    def make(point, requires_grad):
+        b, h, n, d = point
+        tensors = [torch.randn(b, h, n, d, device=runtime.DEVICE, dtype=dtype) for _ in range(4)]
+        leaves = [t.requires_grad_(requires_grad) for t in tensors[:3]]
+        return (*leaves, tensors[3]) if requires_grad else leaves
+
+    kinds = {"forward": (1.0, False), "forward + backward": (3.5, True)}  # flops per forward's
+    for causal in (False, True):
+        for name, (factor, requires_grad) in kinds.items():
+
+            def call(fn, requires_grad=requires_grad, causal=causal):
+                if not requires_grad:
+                    return lambda q, k, v: fn(q, k, v, causal)
+                # a step's work: o, then the three gradients; dq for the check
+                return lambda q, k, v, do: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)[
+                    0
+                ]
+
+            def throughput(point, ms, factor=factor, causal=causal):
+                b, h, n, d = point
+                return tflop_per_s(factor * references.attention_flops(b, h, n, n, d, causal), ms)
+
+            sweep = Sweep(
+                f"attention {name}{', causal' if causal else ''}, B x H x N x d", dtype,
+                ceiling, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3",
+            )  # fmt: skip
+            sweep.targets = ATTENTION_TARGETS[name]
+            sweep.launcher = not requires_grad  # a step is autograd's work as much as launches
+            baselines = {n: call(fn) for n, fn in sides.items() if n != "ours"}
+            yield run_sweep(
+                sweep, call(sides["ours"]), baselines, ATTENTION_POINTS,
+                lambda point, requires_grad=requires_grad: make(point, requires_grad),
+                throughput, rounds=3,
+            )  # fmt: skip
+    yield _attention_memory_sweep(sides["ours"], _sdpa(SDPBackend.MATH))
+
+
+def _attention_memory_sweep(ours, naive) -> Sweep:
+    """Peak memory of a causal bf16 step (forward and backward) at B=1, H=8, d=64, over N,
+    in MiB beyond the inputs: ours keeps O(N) (o, lse, D); the math backend's scores and
+    probabilities are O(N²)."""
+    total = torch.cuda.get_device_properties(runtime.DEVICE).total_memory / 2**20
+    sweep = Sweep("attention peak memory, causal forward + backward, B x H x N x d",
+                  torch.bfloat16, total, unit="MiB", ceiling_name="the GPU's memory")  # fmt: skip
+    sweep.baselines = {"SDPA math": []}
+    for n in ATTENTION_LENGTHS:
+        point = (1, 8, n, 64)
+        peaks = []
+        for fn in (ours, naive):
+            tensors = [torch.randn(*point, device=runtime.DEVICE, dtype=torch.bfloat16)
+                       for _ in range(4)]  # fmt: skip
+            leaves = [t.requires_grad_() for t in tensors[:3]]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            torch.autograd.grad(fn(*leaves, True), leaves, tensors[3])
+            torch.cuda.synchronize()
+            peaks.append((torch.cuda.max_memory_allocated() - base) / 2**20)
+            del tensors, leaves
+        sweep.points.append(point)
+        sweep.kernel.append(peaks[0])
+        sweep.baselines["SDPA math"].append(peaks[1])
+    return sweep
+
+
+SUITES["attention"] = attention_suite

@@ -1,6 +1,11 @@
 """Checkers: one ``check_<topic>`` per exercise, on the engine in engine.py."""
 
 from course_lib.checks.add_2d import check_add_2d
+from course_lib.checks.attention import (
+    check_attention,
+    check_attention_backward,
+    check_attention_forward,
+)
 from course_lib.checks.compiled import (
     check_add_into,
     check_compiled,
@@ -42,6 +47,9 @@ __all__ = [
     "ExerciseNotDone",
     "Problem",
     "check_add_2d",
+    "check_attention",
+    "check_attention_backward",
+    "check_attention_forward",
     "check_add_into",
     "check_axpy",
     "check_compiled",

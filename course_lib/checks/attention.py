@@ -1,0 +1,777 @@
+"""Checks for lesson 10: flash attention's forward, its backward, and both through autograd.
+
+`check_attention_forward(fn, causal=False)` calls `fn(q, k, v, causal, scale)` and checks
+the (o, lse) it returns, each as a case of its own: q [B, H, Nq, d], k and v [B, H, Nk, d]
+(no grouped-query attention), lse [B, H, Nq] float32 in natural log. With causal=True every
+case is causal, aligned top-left as SDPA's is_causal (query i sees keys j <= i), and two
+cases have Nq != Nk: a kernel that bounds its loop by the diagonal must still stop at Nk.
+`check_attention_backward(fn, causal=False)` calls `fn(q, k, v, o, lse, do, causal, scale)`,
+with o and lse from the reference, and checks the (dq, dk, dv) it returns.
+`check_attention(fn)` checks o = fn(q, k, v, causal, scale), your autograd Function, and
+the gradients autograd computes through it, causal and not.
+
+Every mistake a flash kernel makes inside its loop over key blocks (no rescaling, a
+division at every step, keys past Nk left unmasked, a mask of 0) changes the result by an
+amount that depends on its BLOCK_N (and BLOCK_M): each is replayed in float64 at the block
+sizes a learner is likely to pick, and named where one of them matches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from course_lib import references, runtime
+from course_lib.checks.engine import (
+    RAISED_HINT,
+    Case,
+    CaseResult,
+    CheckResult,
+    Hints,
+    KnownMistake,
+    case_generator,
+    random_input,
+    run_check,
+)
+from course_lib.checks.guard import is_poison
+from course_lib.checks.launches import counting_launches
+
+LOG2E = math.log2(math.e)
+BLOCKS = (16, 32, 64, 128)  # the block sizes a mistake is replayed at
+
+NO_RESCALE_HINT = (
+    "when the running max grows, what was summed so far is on the old max's scale: multiply "
+    "acc (and l) by alpha = exp2(m_old - m_new) before adding the new block's p @ v"
+)
+SCALE_NEVER_HINT = (
+    "the scores were never scaled: S = q·kᵀ·scale, applied once (fold it into the exp2's "
+    "factor, qk_scale = scale * log2(e))"
+)
+SCALE_TWICE_HINT = (
+    "the scale was applied twice (scale² where scale is due): multiply the scores by "
+    "scale * log2(e) once, not by scale again inside exp2"
+)
+SCALE_IGNORED_HINT = (
+    "you used 1/sqrt(d) where the scale argument says otherwise: take the scale passed in"
+)
+DIAGONAL_HIDDEN_HINT = (
+    "the causal mask hides the diagonal (j < i): a query sees its own key, "
+    "mask = offs_n[None, :] <= offs_m[:, None]; row 0, left with no key, came out NaN"
+)
+ONE_PAST_HINT = (
+    "the causal mask lets each query see one key too many (j <= i + 1): "
+    "mask = offs_n[None, :] <= offs_m[:, None]"
+)
+BOTTOM_RIGHT_HINT = (
+    "you aligned the causal diagonal to the bottom right (query i sees keys j <= i + Nk - Nq): "
+    "SDPA's is_causal aligns it top-left, j <= i, whatever Nq and Nk"
+)
+MASK_ZERO_HINT = (
+    "masked scores must be -inf: you set them to 0 (or to a value not far enough below the "
+    "row's max), so hidden keys still got weight. Use tl.where(mask, s, float('-inf'))"
+)
+EACH_STEP_HINT = (
+    "rows are right where a query's keys fit one block and too small where they span "
+    "several: you divided acc by the running sum l at every step, so earlier blocks were "
+    "divided again and again. Divide once, o = acc / l, after the loop"
+)
+KEYS_UNMASKED_HINT = (
+    "keys past Nk took part in the softmax: the last block of keys runs past the end, and "
+    "their scores (0 from the masked load) must be set to -inf, "
+    "s = tl.where(offs_n[None, :] < N_k, s, float('-inf'))"
+)
+LSE_LOG2_HINT = (
+    "you saved the base-2 logsumexp, m + log2(l) with the scores in log2 units: the lse is "
+    "in natural log, (m + log2(l)) * ln(2)"
+)
+LSE_MAX_HINT = (
+    "you saved the running max alone: the lse is m + log(l), the max plus the log of the sum"
+)
+LSE_MAX_LOG2_HINT = (
+    "you saved the running max alone, in log2 units: the lse is (m + log2(l)) * ln(2)"
+)
+LSE_NO_MAX_HINT = "you saved log(l) alone: the lse is m + log(l), with the running max added back"
+NO_D_HINT = (
+    "dS is missing D: dS = P * (dP - D), with D = rowsum(dO * O) per query (the softmax's "
+    "own gradient subtracts it), computed once before the dK/dV and dQ loops"
+)
+UNNORMALISED_P_HINT = (
+    "P here was never normalised: recompute it from the saved lse, "
+    "P = exp(S·scale - lse) (exp2(S·scale·log2(e) - lse·log2(e))), not exp(S·scale)"
+)
+P_UNSCALED_HINT = (
+    "P was recomputed from unscaled scores: P = exp(S·scale - lse), with the forward's scale"
+)
+LSE_UNITS_HINT = (
+    "lse is in natural log: with exp2, multiply it by log2(e) too, "
+    "P = exp2(S·scale·log2(e) - lse·log2(e))"
+)
+DQ_SCALE_HINT = "dQ = dS·K·scale: {how} (the scores' gradient reaches q through the scale)"
+DK_SCALE_HINT = "dK = dSᵀ·Q·scale: {how} (the scores' gradient reaches k through the scale)"
+BACKWARD_MASK_HINT = (
+    "the backward too must hide the keys a query does not see: P = 0 above the diagonal "
+    "(mask the recomputed scores with -inf, or P with 0, where offs_n > offs_m)"
+)
+HALF_HINT = (
+    "the float32 cases pass and this 16-bit one does not: keep m, l and acc in float32 "
+    "(tl.zeros(..., dtype=tl.float32)) and convert p to v's dtype only for tl.dot"
+)
+GRID_HINT = (
+    "some rows of queries were never written: launch triton.cdiv(N_q, BLOCK_M) programs "
+    "along axis 0 and one per (batch, head) along axis 1, and store with mask offs_m < N_q"
+)
+LAST_BLOCK_HINT = (
+    "the last, partial block of queries has no program: launch triton.cdiv(N_q, BLOCK_M) "
+    "programs along axis 0, not N_q // BLOCK_M"
+)
+HEADS_HINT = (
+    "whole heads were never written: axis 1 of the grid must have B * H programs, and each "
+    "must move its pointers to its own (batch, head) with the tensors' strides"
+)
+KEY_BLOCKS_HINT = (
+    "the rows of keys {what} never written: launch triton.cdiv(N_k, BLOCK_N) programs along "
+    "axis 0 of the dK/dV kernel, one per (batch, head) along axis 1, and store with mask "
+    "offs_n < N_k"
+)
+NO_GRADIENT_HINT = (
+    "the result carries no gradient: return the output of your autograd Function, "
+    "Function.apply(...), whose backward supplies it"
+)
+NO_KERNEL_IN_BACKWARD_HINT = (
+    "your backward computed the gradients with PyTorch alone: launch your backward kernels"
+)
+MISSING_GRADIENT_HINT = (
+    "backward must return a gradient for q, k and v, then None for causal and scale, in "
+    "forward's order"
+)
+NOT_TWO_HINT = "return the output and the logsumexp as a tuple: return o, lse"
+NOT_THREE_HINT = "return the three gradients as a tuple: return dq, dk, dv"
+
+
+class NoGradient(RuntimeError):
+    """The checked function's result is not part of an autograd graph."""
+
+
+class MissingGradient(RuntimeError):
+    """Backward returned None where a gradient was needed."""
+
+
+class NoKernelInBackward(RuntimeError):
+    """No Triton kernel ran in the backward."""
+
+
+class NotTwo(RuntimeError):
+    """The forward did not return (o, lse)."""
+
+
+class NotThree(RuntimeError):
+    """The backward did not return (dq, dk, dv)."""
+
+
+def _raised(kind: str, message: str) -> str | None:
+    return {
+        NoGradient.__name__: NO_GRADIENT_HINT,
+        MissingGradient.__name__: MISSING_GRADIENT_HINT,
+        NoKernelInBackward.__name__: NO_KERNEL_IN_BACKWARD_HINT,
+        NotTwo.__name__: NOT_TWO_HINT,
+        NotThree.__name__: NOT_THREE_HINT,
+    }.get(kind)
+
+
+HINTS = Hints(
+    out_of_bounds=(
+        "the kernel wrote past the end of a tensor: store with mask offs_m < N_q (offs_n < N_k "
+        "for dK and dV), and move each program's pointers by its own (batch, head)"
+    ),
+    load_out_of_bounds=(
+        "a load ran past the end of a tensor: mask the loads of q and dO with offs_m < N_q, "
+        "of k and v with offs_n < N_k (other=0.0)"
+    ),
+    nothing_written=(
+        "did the kernel store its result? Check tl.store's pointer and the grid, "
+        "(triton.cdiv(N_q, BLOCK_M), B * H)"
+    ),
+    grid_too_small=GRID_HINT,
+    stops_short=GRID_HINT,
+    unscaled_offsets=GRID_HINT,
+    scattered=GRID_HINT,
+    read_past_end=(
+        "NaN where the reference is finite: a load read past the end of an input (the memory "
+        "around it holds NaN during a check). Mask the loads of k and v with offs_n < N_k and "
+        "of q with offs_m < N_q, and set the scores of keys past N_k to -inf"
+    ),
+    dtype="allocate o like q (torch.empty_like(q)) and lse as float32",
+    raised=_raised,
+)
+
+
+# --- what the usual mistakes compute, in float64 ------------------------------------------
+
+
+def _visible(n_q: int, n_k: int, causal: bool, diagonal: str, device) -> torch.Tensor:
+    """[Nq, Nk] True where query i sees key j: all, or causal with the diagonal right
+    ("right": j <= i), hidden ("hidden": j < i), one past ("one past": j <= i + 1) or
+    aligned bottom right ("bottom right": j <= i + Nk - Nq)."""
+    i = torch.arange(n_q, device=device)[:, None]
+    j = torch.arange(n_k, device=device)[None, :]
+    if not causal:
+        return torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    shift = {"right": 0, "hidden": -1, "one past": 1, "bottom right": n_k - n_q}[diagonal]
+    return j <= i + shift
+
+
+def _flash64(q, k, v, causal, scale, *, block_m=None, block_n=None, skip=True,
+             diagonal="right", mask_value=float("-inf"), rescale=True, each_step=False,
+             keys_unmasked=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """What a flash forward computes, block by block in float64, with one mistake:
+    (o, m, l), m the running max of the scaled scores (natural units) and l the sum of
+    exp(s - m). `skip`: causal loops stop after the query block's diagonal block."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    block_m, block_n = block_m or n_q, block_n or n_k
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    padded = -(-n_k // block_n) * block_n
+    k64 = torch.nn.functional.pad(k64, (0, 0, 0, padded - n_k))  # the masked loads' zeros
+    v64 = torch.nn.functional.pad(v64, (0, 0, 0, padded - n_k))
+    seen = _visible(n_q, padded, causal, diagonal, q.device)
+    if not keys_unmasked:
+        seen = seen & (torch.arange(padded, device=q.device) < n_k)
+    # the keys each query's loop visits: whole blocks, up to the diagonal's where it skips
+    i = torch.arange(n_q, device=q.device)
+    end = torch.full_like(i, n_k)
+    if causal and skip:
+        end = torch.clamp(i // block_m * block_m + block_m, max=n_k)
+    visited = (
+        torch.arange(padded, device=q.device)[None, :] < (-(-end // block_n) * block_n)[:, None]
+    )
+    s = q64 @ k64.transpose(-1, -2) * scale
+    s = s.masked_fill(~seen, mask_value).masked_fill(~visited, float("-inf"))
+    if rescale and not each_step:
+        # with every block rescaled, the loop computes the softmax of what it visits exactly
+        m = s.amax(dim=-1)
+        p = torch.exp(s - m[..., None])
+        l_sum = p.sum(dim=-1)
+        return p @ v64 / l_sum[..., None], m, l_sum
+    m = torch.full(s.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device)
+    l_sum = torch.zeros_like(m)
+    acc = torch.zeros_like(q64)
+    for start_n in range(0, padded, block_n):
+        block = s[..., start_n : start_n + block_n]
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        # a row whose loop has ended sees -inf only: nothing changes for it
+        alpha = torch.where(m_new == m, 1.0, torch.exp(m - m_new))
+        p = torch.exp(block - m_new[..., None]).nan_to_num(0.0)
+        live = (start_n < -(-end // block_n) * block_n)[:, None]
+        l_sum = torch.where(live[:, 0], l_sum * alpha + p.sum(dim=-1), l_sum)
+        kept = acc * alpha[..., None] if rescale else acc  # the mistake: not rescaled
+        update = kept + p @ v64[..., start_n : start_n + block_n, :]
+        if each_step:
+            update = update / l_sum[..., None]
+        acc = torch.where(live, update, acc)
+        m = torch.where(live[:, 0], m_new, m)
+    return (acc if each_step else acc / l_sum[..., None]), m, l_sum
+
+
+def _part(result, part: str, lse: str = "right") -> torch.Tensor:
+    """o, or the lse as saved right ("right") or wrongly: in base 2, the max alone (in
+    natural or log2 units), log(l) without the max."""
+    o, m, l_sum = result
+    if part == "o":
+        return o
+    return {
+        "right": m + torch.log(l_sum),
+        "log2": (m + torch.log(l_sum)) * LOG2E,
+        "max": m,
+        "max log2": m * LOG2E,
+        "no max": torch.log(l_sum),
+    }[lse]
+
+
+def _block_pairs(causal: bool) -> list[tuple[int, int]]:
+    """(BLOCK_M, BLOCK_N) pairs a mistake inside the loop is replayed at: the lesson's
+    square blocks, and for a causal loop, whose end follows BLOCK_M, the usual oblong ones
+    (BLOCK_N below BLOCK_M)."""
+    pairs = [(b, b) for b in BLOCKS]
+    if causal:
+        pairs += [(m, n) for m in BLOCKS for n in BLOCKS if n < m]
+    return pairs
+
+
+# --- the cases ---------------------------------------------------------------------------
+
+
+def _kv_ramp(generator, shape, dtype):
+    """Keys whose size grows along the sequence, so that later blocks hold larger scores
+    and the running max grows from block to block, as a rescaling must then follow."""
+    k = random_input(generator, shape, torch.float32)
+    ramp = torch.linspace(0.5, 2.5, shape[-2], device=k.device)[:, None]
+    return (k * ramp).to(dtype)
+
+
+def _describe(b, h, n_q, n_k, d, dtype, why) -> str:
+    size = f"N={n_q}" if n_q == n_k else f"Nq={n_q}, Nk={n_k}"
+    return f"B={b}, H={h}, {size}, d={d} ({why}), {str(dtype).removeprefix('torch.')}"
+
+
+def _shapes(causal: bool) -> list[tuple]:
+    """(B, H, Nq, Nk, d, dtype, why, options) of the cases the forward's check tries."""
+    rows = [
+        (1, 2, 10, 10, 16, torch.float32, "smaller than a block", {}),
+        (1, 2, 37, 37, 32, torch.float32, "prime", {}),
+        (2, 1, 100, 100, 16, torch.float32, "not a multiple of the block", {}),
+        (1, 1, 128, 128, 32, torch.float32, "several blocks", {}),
+        (1, 2, 20, 77, 32, torch.float32, "fewer queries than keys", {}),
+        (1, 1, 77, 20, 64, torch.float32, "more queries than keys", {}),
+        (1, 1, 96, 96, 32, torch.float32, "scores growing along the keys", {"ramp": True}),
+        (1, 2, 37, 37, 32, torch.float32, "scale=0.3, not 1/sqrt(d)", {"scale": 0.3}),
+    ]
+    for dtype in runtime.DTYPES[1:]:  # float16, and bfloat16 on a GPU
+        rows += [(1, 2, 61, 61, 64, dtype, "prime", {}),
+                 (2, 1, 128, 128, 32, dtype, "several blocks", {})]  # fmt: skip
+    return rows
+
+
+def _inputs(generator, b, h, n_q, n_k, d, dtype, *, ramp=False, grad=False):
+    q = random_input(generator, (b, h, n_q, d), dtype)
+    k = _kv_ramp(generator, (b, h, n_k, d), dtype) if ramp else random_input(
+        generator, (b, h, n_k, d), dtype)  # fmt: skip
+    v = random_input(generator, (b, h, n_k, d), dtype)
+    return (q, k, v, random_input(generator, (b, h, n_q, d), dtype)) if grad else (q, k, v)
+
+
+def _atol_scale(expected: torch.Tensor, dtype: torch.dtype, terms: int) -> float:
+    """How far a right kernel may be off, as a multiple of the tolerance table's atol: a
+    float32 sum of `terms` terms rounds some sqrt(terms) times; in 16 bits P is rounded to
+    the inputs' dtype for tl.dot (and dS in the backward), an error of one rounding of the
+    largest values."""
+    from course_lib.checks.tolerances import tolerance_for
+
+    tol = tolerance_for(dtype)
+    if dtype in (torch.float16, torch.bfloat16):
+        return max(1.0, 2 * tol.rtol * float(expected.abs().max()) / tol.atol)
+    return max(1.0, 4 * math.sqrt(terms) * float(expected.abs().max()))
+
+
+def _forward_cases(seed: int, causal: bool) -> list[Case]:
+    generator = case_generator(seed)
+    cases = []
+    for b, h, n_q, n_k, d, dtype, why, options in _shapes(causal):
+        scale = options.get("scale", d**-0.5)
+        inputs = _inputs(generator, b, h, n_q, n_k, d, dtype, ramp=options.get("ramp", False))
+        for part in ("o", "lse"):
+            reference = _forward_reference(part, causal, scale)
+            expected = reference(*inputs)
+            cases.append(Case(
+                f"{_describe(b, h, n_q, n_k, d, dtype, why)}: {part}", inputs,
+                "causal" if causal else "",
+                torch.float32 if part == "lse" else None,
+                atol_scale=_atol_scale(expected, dtype if part == "o" else torch.float32, n_k),
+                kwargs={"causal": causal, "scale": scale, "part": part},
+                reference=reference,
+                mistakes=_mistakes_for(causal, scale, part, n_k, d),
+                input_names=("q", "k", "v"),
+            ))  # fmt: skip
+    return cases
+
+
+def _forward_reference(part: str, causal: bool, scale: float) -> Callable:
+    def reference(q, k, v, *_):
+        if part == "o":
+            return references.attention(q, k, v, causal, scale)
+        return references.attention_lse(q, k, v, causal, scale)
+
+    return reference
+
+
+def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int) -> list:
+    """The forward's usual mistakes for one case: one KnownMistake per form, a form per
+    block size where the mistake's effect depends on it (the engine tries them in order,
+    computing each only while none before it has matched)."""
+    mistakes = []
+
+    def at_blocks(hint, pairs, lse="right", scale_used=scale, **how):
+        for block_m, block_n in pairs:
+
+            def compute(q, k, v, *_, block_m=block_m, block_n=block_n):
+                result = _flash64(q, k, v, causal, scale_used, block_m=block_m,
+                                  block_n=block_n, **how)  # fmt: skip
+                return _part(result, part, lse)
+
+            mistakes.append(KnownMistake(compute, hint))
+
+    whole = [(None, None)]
+    looped = [(b, b) for b in BLOCKS if b < n_k]
+    at_blocks(NO_RESCALE_HINT, looped, rescale=False)
+    at_blocks(EACH_STEP_HINT, looped, each_step=True)
+    at_blocks(SCALE_NEVER_HINT, whole, scale_used=1.0)
+    at_blocks(SCALE_TWICE_HINT, whole, scale_used=scale * scale)
+    if not math.isclose(scale, d**-0.5):
+        at_blocks(SCALE_IGNORED_HINT, whole, scale_used=d**-0.5)
+    at_blocks(KEYS_UNMASKED_HINT, [(b, b) for b in BLOCKS if n_k % b], keys_unmasked=True)
+    if causal:
+        pairs = _block_pairs(True)
+        at_blocks(DIAGONAL_HIDDEN_HINT, whole, diagonal="hidden")
+        at_blocks(ONE_PAST_HINT, whole + pairs, diagonal="one past")
+        at_blocks(BOTTOM_RIGHT_HINT, whole, diagonal="bottom right", skip=False)
+        at_blocks(MASK_ZERO_HINT, whole + pairs, mask_value=0.0)
+    if part == "lse":
+        at_blocks(LSE_LOG2_HINT, whole, lse="log2")
+        at_blocks(LSE_MAX_HINT, whole, lse="max")
+        at_blocks(LSE_MAX_LOG2_HINT, whole, lse="max log2")
+        at_blocks(LSE_NO_MAX_HINT, whole, lse="no max")
+    return mistakes
+
+
+def _grads64(q, k, v, o, lse, do, causal, scale, *, d_term=True, p_from="lse", dq_scale=1,
+             dk_scale=1, leak_block=None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(dq, dk, dv) as a flash backward computes them from the saved o and lse, in float64,
+    with one mistake: D left out of dS; P from exp(S) ("exp"), from unscaled scores
+    ("unscaled"), from an lse taken for base 2 ("log2 lse"), or from what a forward saved
+    wrongly: the lse in base 2 ("saved log2"), the max alone ("saved max"); dq or dk scaled
+    `*_scale` times; or, causal, no mask in the backward: with `leak_block` b, its loops
+    skip the blocks past the diagonal, so only the keys of a query's own b-block leak
+    (leak_block 0: every key)."""
+    q64, k64, v64, do64 = q.double(), k.double(), v.double(), do.double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    s = q64 @ k64.transpose(-1, -2)
+    lse64 = lse.double()[..., None]
+    p = {
+        "lse": lambda: torch.exp(s * scale - lse64),
+        "exp": lambda: torch.exp(s * scale),
+        "unscaled": lambda: torch.exp(s - lse64),
+        "log2 lse": lambda: torch.exp(s * scale - lse64 / LOG2E),
+        "saved log2": lambda: torch.exp(s * scale - lse64 * LOG2E),
+        "saved max": lambda: torch.exp(s * scale - _causal_max(s * scale, causal)),
+    }[p_from]()
+    if causal:
+        hidden = ~_visible(n_q, n_k, True, "right", q.device)
+        if leak_block == 0:
+            hidden = torch.zeros_like(hidden)
+        elif leak_block:
+            i, j = torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
+            hidden = hidden & (i[:, None] // leak_block != j[None, :] // leak_block)
+        p = p.masked_fill(hidden, 0.0)
+    dv = p.transpose(-1, -2) @ do64
+    dp = do64 @ v64.transpose(-1, -2)
+    ds = p * (dp - (do64 * o.double()).sum(dim=-1, keepdim=True)) if d_term else p * dp
+    dq = ds @ k64 * scale**dq_scale
+    dk = ds.transpose(-1, -2) @ q64 * scale**dk_scale
+    return dq, dk, dv
+
+
+def _causal_max(s: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Each query's max of the scaled scores it sees, [..., Nq, 1]."""
+    if causal:
+        s = s.masked_fill(~_visible(s.shape[-2], s.shape[-1], True, "right", s.device), -math.inf)
+    return s.amax(dim=-1, keepdim=True)
+
+
+def _backward_mistakes(causal: bool, scale: float, part: str) -> list[KnownMistake]:
+    index = ("dq", "dk", "dv").index(part)
+
+    def mistake(hint, **how):
+        def compute(q, k, v, o, lse, do, *_):
+            return _grads64(q, k, v, o, lse, do, causal, scale, **how)[index]
+
+        return KnownMistake(compute, hint)
+
+    mistakes = [
+        mistake(UNNORMALISED_P_HINT, p_from="exp"),
+        mistake(P_UNSCALED_HINT, p_from="unscaled"),
+        mistake(LSE_UNITS_HINT, p_from="log2 lse"),
+    ]
+    if part != "dv":
+        mistakes.append(mistake(NO_D_HINT, d_term=False))
+    if part in ("dq", "dk"):
+        hint = DQ_SCALE_HINT if part == "dq" else DK_SCALE_HINT
+        for times, how in ((0, "you left the scale out"), (2, "you applied it twice")):
+            mistakes.append(mistake(hint.format(how=how), **{f"{part}_scale": times}))
+    if causal:
+        mistakes += [mistake(BACKWARD_MASK_HINT, leak_block=b) for b in (0, *BLOCKS)]
+    return mistakes
+
+
+def _backward_shapes(causal: bool) -> list[tuple]:
+    rows = [
+        (1, 2, 10, 10, 16, torch.float32, "smaller than a block", {}),
+        (1, 2, 37, 37, 32, torch.float32, "prime", {}),
+        (2, 1, 100, 100, 16, torch.float32, "not a multiple of the block", {}),
+        (1, 1, 128, 128, 64, torch.float32, "several blocks", {}),
+        (1, 2, 20, 77, 32, torch.float32, "fewer queries than keys", {}),
+        (1, 1, 77, 20, 32, torch.float32, "more queries than keys", {}),
+        (1, 2, 37, 37, 32, torch.float32, "scale=0.3, not 1/sqrt(d)", {"scale": 0.3}),
+    ]
+    for dtype in runtime.DTYPES[1:]:
+        rows.append((1, 2, 61, 61, 64, dtype, "prime", {}))
+    return rows
+
+
+def _backward_cases(seed: int, causal: bool) -> list[Case]:
+    generator = case_generator(seed)
+    cases = []
+    for b, h, n_q, n_k, d, dtype, why, options in _backward_shapes(causal):
+        scale = options.get("scale", d**-0.5)
+        q, k, v, do = _inputs(generator, b, h, n_q, n_k, d, dtype, grad=True)
+        o = references.attention(q, k, v, causal, scale)
+        lse = references.attention_lse(q, k, v, causal, scale)
+        inputs = (q, k, v, o, lse, do)
+        for part in ("dq", "dk", "dv"):
+            reference = _grad_reference(part, causal, scale)
+            expected = reference(*inputs)
+            cases.append(Case(
+                f"{_describe(b, h, n_q, n_k, d, dtype, why)}: {part}", inputs,
+                "causal" if causal else "",
+                atol_scale=_atol_scale(expected, dtype, max(n_q, n_k)),
+                kwargs={"causal": causal, "scale": scale, "part": part},
+                reference=reference, mistakes=_backward_mistakes(causal, scale, part),
+                input_names=("q", "k", "v", "o", "lse", "do"),
+            ))  # fmt: skip
+    return cases
+
+
+def _grad_reference(part: str, causal: bool, scale: float | None) -> Callable:
+    def reference(q, k, v, *rest):
+        return references.attention_grads(q, k, v, rest[-1], causal, scale)[
+            ("dq", "dk", "dv").index(part)
+        ]
+
+    return reference
+
+
+def _autograd_cases(seed: int) -> list[Case]:
+    generator = case_generator(seed)
+    rows = [
+        (1, 2, 37, 37, 32, torch.float32, "prime", False, None),
+        (2, 2, 50, 50, 16, torch.float32, "not a multiple of the block", False, None),
+        (1, 2, 20, 77, 32, torch.float32, "fewer queries than keys", False, 0.3),
+        (1, 2, 37, 37, 32, torch.float32, "prime", True, None),
+        (2, 1, 100, 100, 16, torch.float32, "not a multiple of the block", True, None),
+        (1, 2, 40, 77, 64, torch.float32, "fewer queries than keys", True, None),
+    ]
+    for dtype in runtime.DTYPES[1:]:
+        rows += [(1, 2, 61, 61, 64, dtype, "prime", causal, None) for causal in (False, True)]
+    cases = []
+    for b, h, n_q, n_k, d, dtype, why, causal, scale in rows:
+        inputs = _inputs(generator, b, h, n_q, n_k, d, dtype, grad=True)
+        used = d**-0.5 if scale is None else scale
+        if scale is not None:
+            why += f", scale={scale}"
+        label = _describe(b, h, n_q, n_k, d, dtype, why) + (", causal" if causal else "")
+        for part in ("o", "dq", "dk", "dv"):
+            if part == "o":
+                reference = _forward_reference("o", causal, used)
+                mistakes = _mistakes_for(causal, used, "o", n_k, d)
+            else:
+                reference = _grad_reference(part, causal, used)
+                mistakes = _autograd_backward_mistakes(causal, used, part)
+            expected = reference(*inputs)
+            cases.append(Case(
+                f"{label}: {PARTS[part]}", inputs, "causal" if causal else "",
+                atol_scale=_atol_scale(expected, dtype, max(n_q, n_k)),
+                kwargs={"causal": causal, "scale": scale, "part": part},
+                reference=reference, mistakes=mistakes, input_names=("q", "k", "v", "do"),
+            ))  # fmt: skip
+    return cases
+
+
+PARTS = {"o": "forward: o", "dq": "grad_q", "dk": "grad_k", "dv": "grad_v"}
+
+
+def _autograd_backward_mistakes(causal: bool, scale: float, part: str) -> list[KnownMistake]:
+    """The backward's mistakes where the check supplies only q, k, v and do: o and lse are
+    the right ones, as a right forward saves them."""
+
+    def with_saved(mistake: KnownMistake) -> KnownMistake:
+        def compute(q, k, v, do):
+            o = references.attention(q, k, v, causal, scale)
+            lse = references.attention_lse(q, k, v, causal, scale)
+            return mistake.compute(q, k, v, o, lse, do)
+
+        return KnownMistake(compute, mistake.hint)
+
+    index = ("dq", "dk", "dv").index(part)
+
+    def saved_wrongly(hint, p_from):
+        def compute(q, k, v, do):
+            o = references.attention(q, k, v, causal, scale)
+            lse = references.attention_lse(q, k, v, causal, scale)
+            return _grads64(q, k, v, o, lse, do, causal, scale, p_from=p_from)[index]
+
+        return KnownMistake(compute, hint)
+
+    return [
+        *(with_saved(m) for m in _backward_mistakes(causal, scale, part)),
+        saved_wrongly(LSE_LOG2_HINT, "saved log2"),
+        saved_wrongly(LSE_MAX_HINT, "saved max"),
+    ]
+
+
+# --- running the learner's function ------------------------------------------------------
+
+
+def _forward_part(fn: Callable) -> Callable:
+    def run(q, k, v, *, part, causal, scale):
+        out = fn(q, k, v, causal, scale)
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            raise NotTwo(f"the forward returned {type(out).__name__}, not (o, lse)")
+        return out[("o", "lse").index(part)]
+
+    return run
+
+
+def _backward_part(fn: Callable) -> Callable:
+    def run(q, k, v, o, lse, do, *, part, causal, scale):
+        out = fn(q, k, v, o, lse, do, causal, scale)
+        if not isinstance(out, tuple | list) or len(out) != 3:
+            raise NotThree(f"the backward returned {type(out).__name__}, not (dq, dk, dv)")
+        return out[("dq", "dk", "dv").index(part)]
+
+    return run
+
+
+def _autograd_part(fn: Callable) -> Callable:
+    def run(q, k, v, do, *, part, causal, scale):
+        leaves = [t.detach() for t in (q, k, v)]
+        if part != "o":
+            for t in leaves:
+                t.requires_grad_(True)
+        o = fn(*leaves, causal, scale)
+        if part == "o":
+            return o.detach() if isinstance(o, torch.Tensor) else o
+        if not isinstance(o, torch.Tensor) or o.grad_fn is None:
+            raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
+        with counting_launches() as launches:
+            grads = torch.autograd.grad(o, leaves, do, allow_unused=True)
+        if launches[0] == 0:
+            raise NoKernelInBackward("the backward launched no Triton kernel")
+        grad = grads[("dq", "dk", "dv").index(part)]
+        if grad is None:
+            raise MissingGradient(f"backward returned None as the gradient of `{part[1]}`")
+        return grad
+
+    return run
+
+
+def _recording(run: Callable, outputs: list) -> Callable:
+    """`run`, keeping what it returned for each case: the rows left unwritten show there."""
+
+    def recorded(*inputs, **kwargs):
+        outputs.append(None)
+        outputs[-1] = run(*inputs, **kwargs)
+        return outputs[-1]
+
+    return recorded
+
+
+# --- hints only the whole output, or a comparison of cases, reveals ----------------------
+
+
+def _unwritten_hint(out, part: str) -> str | None:
+    """What the pattern of unwritten elements of a [B, H, N, d] (or [B, H, N]) output says:
+    whole heads unwritten, or in every head the same last rows, fewer than a block."""
+    if not isinstance(out, torch.Tensor) or out.dim() < 3:
+        return None
+    unwritten = is_poison(out)
+    if out.dim() == 4:
+        unwritten = unwritten.all(dim=-1)  # [B, H, N]: rows never written
+    if not unwritten.any() or unwritten.all():  # nothing written: the engine's hint says why
+        return None
+    heads = unwritten.all(dim=-1)
+    if heads.any() and torch.equal(unwritten, heads[..., None].expand_as(unwritten)):
+        return HEADS_HINT
+    rows = unwritten.reshape(-1, unwritten.shape[-1])
+    if bool((rows == rows[:1]).all()):
+        first = int(rows[0].nonzero()[0]) if rows[0].any() else rows.shape[1]
+        n = rows.shape[1]
+        if bool(rows[0, first:].all()) and first and n - first < (first & -first):
+            if part in ("dk", "dv"):
+                return KEY_BLOCKS_HINT.format(what="in the last, partial block were")
+            return LAST_BLOCK_HINT
+    return None
+
+
+def _refine(
+    outputs: list, first_part: str | None
+) -> Callable[[Sequence[Case], list[CaseResult]], None]:
+    """Sharpen hints across cases: unwritten rows' pattern, the hint of `first_part` (the
+    forward's o, upstream of every gradient) for the other parts of the same inputs, and a
+    16-bit case's vague hint from what the float32 cases named."""
+
+    def refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
+        vague = {HINTS.wrong_values, HINTS.zeros, HINTS.read_past_end, GRID_HINT, RAISED_HINT,
+                 None}  # fmt: skip
+        float32 = [r.passed for c, r in zip(cases, results) if c.inputs[0].dtype == torch.float32]
+        # a mistake that float32 cases name, by part: 16-bit rounding can hide its exact form
+        named = {}
+        for c, r in zip(cases, results):
+            if c.inputs[0].dtype == torch.float32 and not r.passed and r.hint not in vague:
+                named.setdefault(c.kwargs.get("part"), set()).add(r.hint)
+        first_hint = {
+            id(c.inputs): r.hint
+            for c, r in zip(cases, results)
+            if c.kwargs.get("part") == first_part and r.hint not in vague
+        }
+        for i, (case, result) in enumerate(zip(cases, results)):
+            if result.passed:
+                continue
+            part = case.kwargs.get("part")
+            out = outputs[i] if i < len(outputs) else None
+            if "unwritten" in result.kinds and (named := _unwritten_hint(out, part)):
+                result.hint = named
+            elif part != first_part and first_hint.get(id(case.inputs)):
+                # a wrong o makes wrong gradients too: name the forward's mistake
+                result.hint = first_hint[id(case.inputs)]
+            elif result.hint not in vague:
+                continue
+            elif case.inputs[0].dtype in (torch.float16, torch.bfloat16) and all(float32):
+                result.hint = HALF_HINT
+            elif len(named.get(part, ())) == 1:
+                result.hint = next(iter(named[part]))
+
+    return refine
+
+
+def check_attention_forward(fn: Callable[..., tuple], causal: bool = False) -> CheckResult:
+    """Check `fn(q, k, v, causal, scale)`, your flash forward of lesson 10, which returns
+    (o, lse): o like q, lse [B, H, Nq] float32, the natural-log logsumexp of each query's
+    scaled scores. Sequences smaller than a block, prime, not a multiple of the block, of
+    several blocks, Nq != Nk, d of 16, 32 and 64, a scale other than 1/sqrt(d), float32 and
+    float16 (bfloat16 on a GPU). With causal=True every case is causal, top-left aligned as
+    SDPA's is_causal (query i sees keys j <= i), Nq != Nk included."""
+    if not callable(fn):
+        raise TypeError(f"check_attention_forward expects your function, got {type(fn)}")
+    outputs: list = []
+    name = "attention_forward_causal" if causal else "attention_forward"
+    return run_check(
+        name, _recording(_forward_part(fn), outputs), _forward_cases(20 + causal, causal),
+        references.attention, (), HINTS, _refine(outputs, "o"),
+    )  # fmt: skip
+
+
+def check_attention_backward(fn: Callable[..., tuple], causal: bool = False) -> CheckResult:
+    """Check `fn(q, k, v, o, lse, do, causal, scale)`, your flash backward of lesson 10,
+    which returns (dq, dk, dv), given the forward's o and lse from the reference and a
+    random output gradient do; the same sizes as the forward's check. With causal=True
+    every case is causal."""
+    if not callable(fn):
+        raise TypeError(f"check_attention_backward expects your function, got {type(fn)}")
+    outputs: list = []
+    name = "attention_backward_causal" if causal else "attention_backward"
+    return run_check(
+        name, _recording(_backward_part(fn), outputs), _backward_cases(22 + causal, causal),
+        references.attention, (), HINTS, _refine(outputs, None),
+    )  # fmt: skip
+
+
+def check_attention(fn: Callable[..., torch.Tensor]) -> CheckResult:
+    """Check `fn(q, k, v, causal, scale)`, your attention through autograd for lesson 10
+    (scale None means 1/sqrt(d)): its output o and the gradients of q, k and v that its
+    backward gives for a random output gradient, causal and not."""
+    if not callable(fn):
+        raise TypeError(f"check_attention expects your function, got {type(fn).__name__}")
+    outputs: list = []
+    return run_check(
+        "attention", _recording(_autograd_part(fn), outputs), _autograd_cases(24),
+        references.attention, (), HINTS, _refine(outputs, "o"),
+    )  # fmt: skip

@@ -1,0 +1,501 @@
+"""Lesson 10: flash attention, o = softmax(q·kᵀ·scale)·v, forward and backward in Triton.
+
+The forward gives each program a block of queries of one (batch, head) and streams the
+keys and values past it in blocks: lesson 04's online softmax, applied to a block of
+scores at a time, keeps each query's running max m and running sum l, rescales the
+accumulator by exp2(m_old - m_new) whenever the max grows, and divides by l once at the
+end. The scale is folded into the base-2 exponent (scale · log2(e)), so each score costs
+one multiply before exp2. The natural-log logsumexp, lse = m + log(l), is saved: all the
+backward needs to recompute the softmax, P = exp(S·scale - lse). Causal attention (SDPA's
+top-left diagonal, query i sees keys j <= i) skips the key blocks above the diagonal and
+masks only the blocks the diagonal crosses.
+
+The backward first computes D = rowsum(dO · O) per query, then dK and dV with one program
+per block of keys (looping over the queries, and over the query heads that share a kv
+head in grouped-query attention), and dQ with one program per block of queries. Each
+gradient is summed by one program in a fixed order: the same on every run, with no
+atomics. Memory is O(N): o, lse and D besides the inputs and gradients, never the
+[Nq, Nk] scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from course_lib import runtime
+from course_lib.gpu_timer import autotune_timer
+from course_lib.kernels._args import cdiv
+from course_lib.kernels._launch import BoundLaunch, LeanLauncher
+from course_lib.kernels._plan import PlanCache, signature
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _forward_blocks(
+    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, start, end, N_K,
+    QK_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over the key blocks [start, end): each block's scores, in log2
+    units, update the running max m_i, the running sum l_i and the accumulator acc."""
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                    mask=offs_n[:, None] < N_K, other=0.0)  # fmt: skip
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=offs_n[:, None] < N_K, other=0.0)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * QK_SCALE  # [BM, BN]
+        if MASKED:  # keys past N_K, and above the diagonal: -inf, so exp2 gives them 0
+            visible = offs_n[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)  # what the sums so far are worth on the new max's scale
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om,
+    H, N_Q, N_K, GROUP,
+    QK_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """o [B, H, N_Q, d] and lse [B, H, N_Q] for one block of BLOCK_M queries of one
+    (batch, head): program_id(0) the block, program_id(1) = batch * H + head. Query head h
+    reads kv head h // GROUP."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
+    kv_h = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=offs_m[:, None] < N_Q, other=0.0)  # fmt: skip
+    k_base = k_ptr + b * stride_kb + kv_h * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_h * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
+    l_i = tl.zeros([BLOCK_M], ACC_DTYPE)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
+    # key blocks every query of the block sees in full need no mask; the rest (the partial
+    # last block, the blocks the diagonal crosses) do, and causal stops at the diagonal
+    if CAUSAL:
+        end = tl.minimum(start_m + BLOCK_M, N_K)
+        unmasked = tl.minimum(start_m + 1, N_K) // BLOCK_N * BLOCK_N
+    else:
+        end = N_K
+        unmasked = N_K // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _forward_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
+        offs_d, 0, unmasked, N_K, QK_SCALE, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
+    )  # fmt: skip
+    acc, l_i, m_i = _forward_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m,
+        offs_d, unmasked, end, N_K, QK_SCALE, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+    )  # fmt: skip
+    o = acc / l_i[:, None]  # normalised once, at the end
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < N_Q)  # fmt: skip
+    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # base 2 to natural log
+    tl.store(lse_ptr + bh.to(tl.int64) * N_Q + offs_m, lse.to(lse_ptr.dtype.element_ty),
+             mask=offs_m < N_Q)  # fmt: skip
+
+
+@triton.jit
+def attention_bwd_delta_kernel(
+    o_ptr, do_ptr, delta_ptr, stride_ob, stride_oh, stride_om, stride_dob, stride_doh,
+    stride_dom, stride_dod, H, N_Q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,
+):  # fmt: skip
+    """D = rowsum(dO · O) [B, H, N_Q] (float32, float64 for float64 inputs), for BLOCK_M
+    queries of one (batch, head)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    bh = tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = offs_m[:, None] < N_Q
+    o = tl.load(o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om
+                + offs_d[None, :], mask=mask, other=0.0)  # fmt: skip
+    do = tl.load(do_ptr + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)  # fmt: skip
+    delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), axis=1)
+    tl.store(delta_ptr + bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _dkdv_blocks(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_dom,
+    stride_dod, offs_n, offs_d, start, end, N_Q,
+    QK_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dK and dV's sums over the query blocks [start, end) of one query head, with Pᵀ
+    recomputed from the lse; MASKED: the blocks the causal diagonal crosses."""
+    for start_m in range(start, end, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m[None, :] < N_Q
+        q_t = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd,
+                      mask=rows, other=0.0)  # [HEAD_DIM, BLOCK_M]  # fmt: skip
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                     mask=offs_m[:, None] < N_Q, other=0.0)  # fmt: skip
+        # queries past N_Q get lse = inf, so their P is 0
+        lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
+        lse = lse * 1.4426950408889634  # natural log to base 2
+        s_t = tl.dot(k, q_t, input_precision=INPUT_PRECISION) * QK_SCALE  # [BLOCK_N, BLOCK_M]
+        p_t = tl.exp2(s_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=INPUT_PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        delta = tl.load(delta_base + offs_m, mask=offs_m < N_Q, other=0.0)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, H_KV, N_Q, N_K, GROUP,
+    SCALE: tl.constexpr, QK_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dK and dV [B, H_KV, N_K, d] for one block of BLOCK_N keys of one (batch, kv head),
+    summed over the GROUP query heads that read it, one after the other."""
+    start_n = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    b, kv_h = (bh // H_KV).to(tl.int64), (bh % H_KV).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    keys = offs_n[:, None] < N_K
+    k = tl.load(k_ptr + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=keys, other=0.0)  # fmt: skip
+    v = tl.load(v_ptr + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=keys, other=0.0)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], ACC_DTYPE)
+    # causal: the queries from the block holding query start_n on see these keys; those
+    # before the first block that sees all of them are masked
+    start = start_n // BLOCK_M * BLOCK_M if CAUSAL else 0
+    unmasked = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M if CAUSAL else 0
+    unmasked = tl.minimum(unmasked, N_Q)
+    for g in range(0, GROUP):  # the query heads of this kv head, in a fixed order
+        h = kv_h * GROUP + g
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+        do_base = do_ptr + b * stride_dob + h * stride_doh
+        rows = (b * H_KV * GROUP + h) * N_Q
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_ptr + rows, delta_ptr + rows, stride_qm,
+            stride_qd, stride_dom, stride_dod, offs_n, offs_d, start, unmasked, N_Q, QK_SCALE,
+            BLOCK_M, True, INPUT_PRECISION,
+        )  # fmt: skip
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_ptr + rows, delta_ptr + rows, stride_qm,
+            stride_qd, stride_dom, stride_dod, offs_n, offs_d, tl.maximum(start, unmasked),
+            N_Q, N_Q, QK_SCALE, BLOCK_M, False, INPUT_PRECISION,
+        )  # fmt: skip
+    out = b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :]
+    tl.store(dk_ptr + out, (dk * SCALE).to(dk_ptr.dtype.element_ty), mask=keys)
+    tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=keys)
+
+
+@triton.jit
+def attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, H, N_Q, N_K, GROUP,
+    SCALE: tl.constexpr, QK_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """dQ [B, H, N_Q, d] for one block of BLOCK_M queries of one (batch, head)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = (bh // H).to(tl.int64), bh % H
+    kv_h = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None] < N_Q
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm
+                + offs_d[None, :] * stride_qd, mask=rows, other=0.0)  # fmt: skip
+    do = tl.load(do_ptr + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=rows, other=0.0)  # fmt: skip
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    lse = lse * 1.4426950408889634  # natural log to base 2
+    delta = tl.load(delta_ptr + bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    k_base = k_ptr + b * stride_kb + kv_h * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_h * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
+    end = tl.minimum(start_m + BLOCK_M, N_K) if CAUSAL else N_K
+    for start_n in range(0, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                    mask=offs_n[:, None] < N_K, other=0.0)  # fmt: skip
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=offs_n[:, None] < N_K, other=0.0)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * QK_SCALE
+        p = tl.exp2(s - lse[:, None])
+        if CAUSAL:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])  # keys past N_K: k is 0, so they add nothing to dq
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
+    out = b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
+    tl.store(dq_ptr + out, (dq * SCALE).to(dq_ptr.dtype.element_ty), mask=rows)
+
+
+# --- the tiles ---------------------------------------------------------------------------------
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dimension, for 2-byte inputs on a GPU;
+# the backward's for its dK/dV kernel (few queries a step, many keys kept) and its dQ kernel
+# (the reverse). Wider heads hold more registers per row: smaller tiles.
+FORWARD_TILES = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3),
+                 128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}  # fmt: skip
+DKDV_TILES = {16: (32, 128, 4, 3), 32: (32, 128, 4, 3), 64: (32, 128, 4, 3),
+              128: (64, 128, 8, 2), 256: (32, 64, 8, 1)}  # fmt: skip
+DQ_TILES = {16: (128, 32, 4, 3), 32: (128, 32, 4, 3), 64: (128, 32, 4, 3),
+            128: (128, 64, 8, 2), 256: (64, 32, 8, 1)}  # fmt: skip
+WIDE_TILES = (32, 32, 4, 1)  # 4- and 8-byte inputs: half the elements fit the same memory
+INTERPRETER_TILES = (32, 32, 4, 1)  # few, cheap steps: the interpreter pays per operation
+TUNED_FROM = 1 << 20  # Nq·Nk from which the forward's tile is autotuned on a GPU
+
+# the forward's candidates on a GPU, for head dimensions up to 128
+FORWARD_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+    for m, n, w, st in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
+                        (64, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 2), (128, 64, 8, 4)]
+]  # fmt: skip
+attention_fwd_autotuned = triton.autotune(
+    configs=FORWARD_CONFIGS, key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "INPUT_PRECISION"],
+    do_bench=autotune_timer,
+)(attention_fwd_kernel)  # fmt: skip
+forward_launcher = LeanLauncher(attention_fwd_kernel)
+forward_autotuned_launcher = LeanLauncher(attention_fwd_autotuned)
+delta_launcher = LeanLauncher(attention_bwd_delta_kernel)
+dkdv_launcher = LeanLauncher(attention_bwd_dkdv_kernel)
+dq_launcher = LeanLauncher(attention_bwd_dq_kernel)
+
+
+def _tiles(table: dict, dtype: torch.dtype, head_dim: int) -> tuple[int, int, int, int]:
+    if runtime.INTERPRETED:
+        return INTERPRETER_TILES
+    return table[head_dim] if dtype in (torch.float16, torch.bfloat16) else WIDE_TILES
+
+
+def _meta(q: torch.Tensor, scale: float, causal: bool, tiles=None) -> dict:
+    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    meta = dict(
+        QK_SCALE=scale * LOG2E, HEAD_DIM=q.shape[-1], CAUSAL=causal,
+        ACC_DTYPE=tl.float64 if q.dtype == torch.float64 else tl.float32,
+        INPUT_PRECISION="tf32" if tf32 else "ieee",
+    )  # fmt: skip
+    if tiles is not None:
+        block_m, block_n, warps, stages = tiles
+        meta |= dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    return meta
+
+
+# --- the host path: checks and launches worked out once per signature ----------------------
+
+
+def check_arguments(q, k, v, causal, scale) -> None:
+    """Raise a clear error unless q [B, H, Nq, d], k and v [B, Hkv, Nk, d] fit attention."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention expects tensors; {name} is a {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be [B, heads, N, d], got {list(t.shape)}")
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise TypeError(
+            f"attention: q, k and v must share one dtype of {names}; got {q.dtype}, "
+            f"{k.dtype}, {v.dtype}"
+        )
+    if q.dtype != torch.float64:  # float64 is for gradcheck, in either mode
+        runtime.require_supported_dtype(q.dtype, "attention")
+    if k.device != q.device or v.device != q.device or q.device.type != runtime.DEVICE.type:
+        raise ValueError(
+            f"attention: q, k and v must all be on {runtime.DEVICE}; got {q.device}, "
+            f"{k.device}, {v.device}"
+        )
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"attention: k and v must be [B, Hkv, Nk, d] with q's B and d; got q "
+            f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"attention: head dimension d={q.shape[-1]}; use one of {HEAD_DIMS}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"attention: q's {q.shape[1]} heads must be a multiple of k's and v's {k.shape[1]}"
+            " (grouped-query attention)"
+        )
+    if k.shape[2] == 0 and q.shape[2] > 0:
+        raise ValueError("attention: no keys (Nk = 0): every query's softmax would be empty")
+    if type(causal) is not bool:
+        raise TypeError(f"attention: causal must be True or False, got {causal!r}")
+    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise TypeError(f"attention: scale must be a finite number or None, got {scale!r}")
+
+
+class ForwardPlan:
+    """attention's forward for q, k, v laid out like these: checked once, and its launch
+    bound (see BoundLaunch)."""
+
+    def __init__(self, q, k, v, causal: bool, scale: float | None):
+        check_arguments(q, k, v, causal, scale)
+        self.scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+        (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
+        self.shape = (B, H, n_q, d)
+        self.lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self.empty = B * H * n_q == 0
+        self.sizes = (*q.stride(), *k.stride(), *v.stride(), H * n_q * d, n_q * d, d,
+                      H, n_q, n_k, H // max(h_kv, 1))  # fmt: skip
+        tuned = not runtime.INTERPRETED and d <= 128 and q.dtype in (torch.float16, torch.bfloat16)
+        if tuned and n_q * n_k >= TUNED_FROM:
+            grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)  # noqa: E731
+            self.launch = BoundLaunch(
+                forward_autotuned_launcher, grid, _meta(q, self.scale, causal)
+            )
+        else:
+            tiles = _tiles(FORWARD_TILES, q.dtype, d)
+            meta = _meta(q, self.scale, causal, tiles)
+            self.launch = BoundLaunch(forward_launcher, (cdiv(n_q, tiles[0]), B * H), meta)
+
+    def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        o = q.new_empty(self.shape)
+        lse = q.new_empty(self.shape[:3], dtype=self.lse_dtype)
+        if not self.empty:
+            self.launch(q, k, v, o, lse, *self.sizes)
+        return o, lse
+
+
+class BackwardPlan:
+    """attention's backward for tensors laid out like these: D's pre-pass, then the dK/dV
+    and the dQ kernels, each launch bound once."""
+
+    def __init__(self, do, q, k, v, o, lse, causal: bool, scale: float):
+        (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
+        self.shapes = (q.shape, k.shape, (B, H, n_q))
+        self.empty = q.numel() == 0 or k.numel() == 0
+        group = H // max(h_kv, 1)
+        meta = _meta(q, scale, causal)
+        block = _tiles(DQ_TILES, q.dtype, d)[0]
+        delta_meta = dict(HEAD_DIM=d, BLOCK_M=block, ACC_DTYPE=meta["ACC_DTYPE"])
+        self.delta = BoundLaunch(delta_launcher, (cdiv(n_q, block), B * H), delta_meta)
+        self.delta_sizes = (*o.stride()[:3], *do.stride(), H, n_q)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+        dkdv = _tiles(DKDV_TILES, q.dtype, d)
+        self.dkdv = BoundLaunch(dkdv_launcher, (cdiv(n_k, dkdv[1]), B * h_kv),
+                                _meta(q, scale, causal, dkdv) | dict(SCALE=scale))  # fmt: skip
+        self.dkdv_sizes = (*strides, h_kv * n_k * d, n_k * d, d, h_kv, n_q, n_k, group)
+        dq = _tiles(DQ_TILES, q.dtype, d)
+        self.dq = BoundLaunch(dq_launcher, (cdiv(n_q, dq[0]), B * H),
+                              _meta(q, scale, causal, dq) | dict(SCALE=scale))  # fmt: skip
+        self.dq_sizes = (*strides, H * n_q * d, n_q * d, d, H, n_q, n_k, group)
+        self.delta_dtype = lse.dtype
+
+    def __call__(self, do, q, k, v, o, lse):
+        dq, dk, dv = q.new_empty(self.shapes[0]), k.new_empty(self.shapes[1]), k.new_empty(
+            self.shapes[1])  # fmt: skip
+        if self.empty:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        delta = q.new_empty(self.shapes[2], dtype=self.delta_dtype)
+        self.delta(o, do, delta, *self.delta_sizes)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, *self.dkdv_sizes)
+        self.dq(q, k, v, do, lse, delta, dq, *self.dq_sizes)
+        return dq, dk, dv
+
+
+_plans, _backward_plans = PlanCache(), PlanCache()
+
+
+def _scale_key(scale) -> str | None:
+    """The scale as a plan's key: its exact value, as text (a float keys no plan)."""
+    return None if scale is None else float(scale).hex() if isinstance(scale, int | float) else "?"
+
+
+def _plan(q, k, v, causal, scale) -> ForwardPlan:
+    key = signature((q, k, v), (causal, _scale_key(scale)))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.put(key, ForwardPlan(q, k, v, causal, scale))
+    return plan
+
+
+def forward(q, k, v, causal: bool = False, scale: float | None = None):
+    """(o, lse): attention's output, like q, and the natural-log logsumexp of each query's
+    scaled scores, [B, H, Nq] float32 (float64 for float64 inputs)."""
+    return _plan(q, k, v, causal, scale)(q, k, v)
+
+
+def backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
+    """(dq, dk, dv) for the output's gradient do, from the forward's o and lse; dk and dv
+    [B, Hkv, Nk, d], summed over the query heads that share a kv head."""
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    # the kernels read o's rows and lse adjacent (a saved-tensor hook may lay them out anew)
+    o = o if o.stride(-1) == 1 else o.contiguous()
+    lse = lse if lse.is_contiguous() else lse.contiguous()
+    key = signature((do, q, k, v, o, lse), (causal, _scale_key(scale)))
+    plan = _backward_plans.get(key)
+    if plan is None:
+        plan = _backward_plans.put(key, BackwardPlan(do, q, k, v, o, lse, causal, scale))
+    return plan(do, q, k, v, o, lse)
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Flash attention with its backward in Triton. Saves q, k, v, o and lse: O(N)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, plan=None):
+        plan = plan or _plan(q, k, v, causal, scale)
+        o, lse = plan(q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, plan.scale
+        return o
+
+    @staticmethod
+    @once_differentiable  # the backward's kernels record no graph of their own
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        return *backward(do, q, k, v, o, lse, ctx.causal, ctx.scale), None, None, None
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """softmax(q·kᵀ·scale)·v as torch.nn.functional.scaled_dot_product_attention (with
+    enable_gqa), differentiable: q [B, H, Nq, d], k and v [B, Hkv, Nk, d] with H a multiple
+    of Hkv, any strides; d in 16, 32, 64, 128, 256; float16, bfloat16 (GPU), float32,
+    float64. `causal` as SDPA's is_causal: query i sees keys j <= i. scale defaults to
+    1/sqrt(d). float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it."""
+    plan = _plan(q, k, v, causal, scale)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return plan(q, k, v)[0]  # nothing to differentiate: no autograd bookkeeping, no lse kept
+    return AttentionFunction.apply(q, k, v, causal, scale, plan)
