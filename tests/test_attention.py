@@ -440,3 +440,19 @@ def test_the_operator_refuses_a_second_derivative_and_bad_input():
         torch.autograd.grad(grad_q.sum(), q)
     with pytest.raises(ValueError, match="head dimension d=8"):
         ops.attention(q[..., :8], k[..., :8], v[..., :8])
+
+
+def test_the_one_argument_causal_checks_check_causal_attention(monkeypatch):
+    """A check cell calls its checker with the learner's function alone (the grader reads it
+    so): lesson 10's causal exercises have checkers of their own, which pass causal=True."""
+    calls = []
+    for name in ("check_attention_forward", "check_attention_backward"):
+
+        def record(fn, causal=False, name=name):
+            calls.append((name, fn, causal))
+
+        monkeypatch.setattr(attention_checks, name, record)
+    course_lib.check_attention_forward_causal(broken.attention_forward)
+    course_lib.check_attention_backward_causal(broken.attention_backward)
+    assert calls == [("check_attention_forward", broken.attention_forward, True),
+                     ("check_attention_backward", broken.attention_backward, True)]  # fmt: skip
