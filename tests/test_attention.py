@@ -472,3 +472,19 @@ def test_a_replayed_check_judges_as_the_check_itself(fn, causal):
     original, replayed, _ = _record_then_replay(check, fn)
     assert [c.passed for c in replayed.cases] == [c.passed for c in original.cases]
     assert [c.hint for c in replayed.cases] == [c.hint for c in original.cases]
+
+
+def test_the_one_argument_causal_checks_check_causal_attention(monkeypatch):
+    """A check cell calls its checker with the learner's function alone (the grader reads it
+    so): lesson 10's causal exercises have checkers of their own, which pass causal=True."""
+    calls = []
+    for name in ("check_attention_forward", "check_attention_backward"):
+
+        def record(fn, causal=False, name=name):
+            calls.append((name, fn, causal))
+
+        monkeypatch.setattr(attention_checks, name, record)
+    course_lib.check_attention_forward_causal(broken.attention_forward)
+    course_lib.check_attention_backward_causal(broken.attention_backward)
+    assert calls == [("check_attention_forward", broken.attention_forward, True),
+                     ("check_attention_backward", broken.attention_backward, True)]  # fmt: skip

@@ -78,6 +78,7 @@ MAX_LESSON_WORDS = {
     "05_matmul.ipynb": 6500,
     "07_linear.ipynb": 6500,
     "08_torch_compile.ipynb": 6500,
+    "10_attention.ipynb": 6500,
 }
 
 

@@ -4,7 +4,9 @@ from course_lib.checks.add_2d import check_add_2d
 from course_lib.checks.attention import (
     check_attention,
     check_attention_backward,
+    check_attention_backward_causal,
     check_attention_forward,
+    check_attention_forward_causal,
 )
 from course_lib.checks.compiled import (
     check_add_into,
@@ -49,7 +51,9 @@ __all__ = [
     "check_add_2d",
     "check_attention",
     "check_attention_backward",
+    "check_attention_backward_causal",
     "check_attention_forward",
+    "check_attention_forward_causal",
     "check_add_into",
     "check_axpy",
     "check_compiled",
