@@ -286,8 +286,9 @@ class BackwardPlan:
         # x stands in for the pointers the kernel does not read
         self.fill(dy, x, x if weight is None else weight, stats, x if dx is None else dx, partial)
         if need_dw or need_db:
-            # the gradient not wanted is never written, but its place holds the other: a
-            # graph's analysis of what a launch writes would otherwise count x as written
-            self.sum_rows(partial, db if dw is None else dw, dw if db is None else db,
+            # the gradient not wanted is never written, but a graph's analysis of what a
+            # launch writes counts its place as written: scratch holds it, neither x (a leaf
+            # that may require grad) nor the other gradient (one tensor in two places)
+            self.sum_rows(partial, partial if dw is None else dw, partial if db is None else db,
                           *self.sum_sizes)  # fmt: skip
         return dx, dw, db
