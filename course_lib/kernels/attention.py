@@ -279,7 +279,7 @@ FORWARD_TILES = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3),
                  128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}  # fmt: skip
 DKDV_TILES = {16: (32, 128, 4, 3), 32: (32, 128, 4, 3), 64: (32, 128, 4, 3),
               128: (64, 128, 8, 2), 256: (32, 64, 8, 1)}  # fmt: skip
-DQ_TILES = {16: (128, 32, 4, 3), 32: (128, 32, 4, 3), 64: (128, 32, 4, 3),
+DQ_TILES = {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3),
             128: (128, 64, 8, 2), 256: (64, 32, 8, 1)}  # fmt: skip
 WIDE_TILES = (32, 32, 4, 1)  # 4- and 8-byte inputs: half the elements fit the same memory
 INTERPRETER_TILES = (32, 32, 4, 1)  # few, cheap steps: the interpreter pays per operation
