@@ -71,10 +71,10 @@ def test_the_lessons_correct_kernels_pass_without_hints_and_quickly():
         (course_lib.check_attention_backward, broken.attention_backward, False),
         (course_lib.check_attention_backward, broken.attention_backward, True),
     ]:
-        start = time.perf_counter()
+        start = time.process_time()  # this process's CPU time: other workers do not count
         result = check(fn, causal=causal)
         assert result.passed and not any(c.hint for c in result.cases)
-        assert time.perf_counter() - start < 45
+        assert time.process_time() - start < 45
     result = course_lib.check_attention(broken.attention)
     assert result.passed and not any(c.hint for c in result.cases)
 
@@ -261,6 +261,19 @@ def test_forward_and_backward_match_float64(shape, dtype, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_stay_finite_where_every_score_is_far_below_zero(causal):
+    """Scores near -100: a key past N_k, scored 0 where it is not masked, would overflow
+    its probability, and inf times its zero k would put NaN into dq."""
+    q, k, v, do = _qkv(1, 2, 2, 40, 37, 16, torch.float32, grad=True)
+    q, k = q.abs() + 5, -(k.abs() + 5)  # every scaled score about -100 or below
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(attention(*leaves, causal=causal), leaves, do)
+    for got, want in zip(grads, references.attention_grads(q, k, v, do, causal)):
+        assert torch.isfinite(got).all()
+        _close(got, want, 40)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradcheck_in_float64(causal):
     q, k, v = _qkv(1, 4, 2, 5, 7, 16, torch.float64, seed=3)
     leaves = [t.requires_grad_() for t in (q.transpose(1, 2).contiguous().transpose(1, 2), k, v)]
@@ -395,6 +408,8 @@ def test_memory_grows_linearly_with_the_sequence():
     def peak(n):
         q, k, v, do = _qkv(1, 8, 8, n, n, 64, torch.bfloat16, grad=True)
         leaves = [t.requires_grad_() for t in (q, k, v)]
+        # a first call may tune, timing tiles on scratch memory: not measured
+        torch.autograd.grad(attention(*leaves, causal=True), leaves, do)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

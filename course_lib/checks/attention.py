@@ -18,6 +18,7 @@ sizes a learner is likely to pick, and named where one of them matches.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -752,18 +753,24 @@ def check_attention_forward(fn: Callable[..., tuple], causal: bool = False) -> C
     )  # fmt: skip
 
 
+# the backward's outputs are the gradients: its dtype hint names them
+BACKWARD_HINTS = dataclasses.replace(
+    HINTS, dtype="allocate dq, dk and dv like q, k and v (torch.empty_like(q), ...)"
+)
+
+
 def check_attention_backward(fn: Callable[..., tuple], causal: bool = False) -> CheckResult:
     """Check `fn(q, k, v, o, lse, do, causal, scale)`, your flash backward of lesson 10,
     which returns (dq, dk, dv), given the forward's o and lse from the reference and a
-    random output gradient do; the same sizes as the forward's check. With causal=True
-    every case is causal."""
+    random output gradient do, at sizes like the forward check's (see _backward_shapes).
+    With causal=True every case is causal."""
     if not callable(fn):
         raise TypeError(f"check_attention_backward expects your function, got {type(fn)}")
     outputs: list = []
     name = "attention_backward_causal" if causal else "attention_backward"
     return run_check(
         name, _recording(_backward_part(fn), outputs), _backward_cases(22 + causal, causal),
-        references.attention, (), HINTS, _refine(outputs, None),
+        references.attention, (), BACKWARD_HINTS, _refine(outputs, None),
     )  # fmt: skip
 
 

@@ -31,12 +31,13 @@ from course_lib import runtime
 from course_lib.gpu_timer import autotune_timer
 from course_lib.kernels._args import cdiv
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
-from course_lib.kernels._plan import PlanCache, signature
+from course_lib.kernels._plan import PlanCache, signature, uses_tf32
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HEAD_DIMS = (16, 32, 64, 128, 256)
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+# base-2 and natural logarithms: the kernels keep their running statistics in base 2
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -81,8 +82,8 @@ def attention_fwd_kernel(
 ):  # fmt: skip
     """o [B, H, N_Q, d] and lse [B, H, N_Q] for one block of BLOCK_M queries of one
     (batch, head): program_id(0) the block, program_id(1) = batch * H + head. Query head h
-    reads kv head h // GROUP. B is read by the grid alone: as an argument, it keys the
-    grid that a lean launch keeps for the autotuner's choice."""
+    reads kv head h // GROUP. B is unused here: it is passed so that the grid a lean launch
+    keeps for the autotuner's choice is keyed by it."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b, h = (bh // H).to(tl.int64), bh % H
@@ -118,7 +119,7 @@ def attention_fwd_kernel(
     o_base = o_ptr + b * stride_ob + h * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < N_Q)  # fmt: skip
-    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # base 2 to natural log
+    lse = (m_i + tl.log2(l_i)) * LN2  # base 2 to natural log
     tl.store(lse_ptr + bh.to(tl.int64) * N_Q + offs_m, lse.to(lse_ptr.dtype.element_ty),
              mask=offs_m < N_Q)  # fmt: skip
 
@@ -162,7 +163,7 @@ def _dkdv_blocks(
                      mask=offs_m[:, None] < N_Q, other=0.0)  # fmt: skip
         # queries past N_Q get lse = inf, so their P is 0
         lse = tl.load(lse_base + offs_m, mask=offs_m < N_Q, other=float("inf"))
-        lse = lse * 1.4426950408889634  # natural log to base 2
+        lse = lse * LOG2E  # natural log to base 2
         s_t = tl.dot(k, q_t, input_precision=INPUT_PRECISION) * QK_SCALE  # [BLOCK_N, BLOCK_M]
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
@@ -248,7 +249,7 @@ def attention_bwd_dq_kernel(
     do = tl.load(do_ptr + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
                  + offs_d[None, :] * stride_dod, mask=rows, other=0.0)  # fmt: skip
     lse = tl.load(lse_ptr + bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
-    lse = lse * 1.4426950408889634  # natural log to base 2
+    lse = lse * LOG2E  # natural log to base 2
     delta = tl.load(delta_ptr + bh.to(tl.int64) * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     k_base = k_ptr + b * stride_kb + kv_h * stride_kh
     v_base = v_ptr + b * stride_vb + kv_h * stride_vh
@@ -262,10 +263,14 @@ def attention_bwd_dq_kernel(
                     mask=offs_n[:, None] < N_K, other=0.0)  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * QK_SCALE
         p = tl.exp2(s - lse[:, None])
+        # keys past N_K score 0, not -inf: where every real score is far below 0, their p
+        # overflows, and inf times their k of 0 would put NaN into dq
+        seen = offs_n[None, :] < N_K
         if CAUSAL:
-            p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+            seen &= offs_n[None, :] <= offs_m[:, None]
+        p = tl.where(seen, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])  # keys past N_K: k is 0, so they add nothing to dq
+        ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
     out = b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
     tl.store(dq_ptr + out, (dq * SCALE).to(dq_ptr.dtype.element_ty), mask=rows)
@@ -309,11 +314,10 @@ def _tiles(table: dict, dtype: torch.dtype, head_dim: int) -> tuple[int, int, in
 
 
 def _meta(q: torch.Tensor, scale: float, causal: bool, tiles=None) -> dict:
-    tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     meta = dict(
-        QK_SCALE=scale * LOG2E, HEAD_DIM=q.shape[-1], CAUSAL=causal,
+        QK_SCALE=scale * LOG2E.value, HEAD_DIM=q.shape[-1], CAUSAL=causal,
         ACC_DTYPE=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        INPUT_PRECISION="tf32" if tf32 else "ieee",
+        INPUT_PRECISION="tf32" if uses_tf32(q.dtype) else "ieee",
     )  # fmt: skip
     if tiles is not None:
         block_m, block_n, warps, stages = tiles
@@ -422,8 +426,9 @@ class BackwardPlan:
         self.delta_dtype = lse.dtype
 
     def __call__(self, do, q, k, v, o, lse):
-        dq, dk, dv = q.new_empty(self.shapes[0]), k.new_empty(self.shapes[1]), k.new_empty(
-            self.shapes[1])  # fmt: skip
+        dq = q.new_empty(self.shapes[0])
+        dk = k.new_empty(self.shapes[1])
+        dv = k.new_empty(self.shapes[1])
         if self.empty:
             return dq.zero_(), dk.zero_(), dv.zero_()
         delta = q.new_empty(self.shapes[2], dtype=self.delta_dtype)
@@ -442,7 +447,8 @@ def _scale_key(scale) -> str | None:
 
 
 def _plan(q, k, v, causal, scale) -> ForwardPlan:
-    key = signature((q, k, v), (causal, _scale_key(scale)))
+    # causal=1 would find causal=True's plan (1 == True) and skip the checks that refuse it
+    key = signature((q, k, v), (causal if type(causal) is bool else "?", _scale_key(scale)))
     plan = _plans.get(key)
     if plan is None:
         plan = _plans.put(key, ForwardPlan(q, k, v, causal, scale))
@@ -495,7 +501,8 @@ def attention(
     enable_gqa), differentiable: q [B, H, Nq, d], k and v [B, Hkv, Nk, d] with H a multiple
     of Hkv, any strides; d in 16, 32, 64, 128, 256; float16, bfloat16 (GPU), float32,
     float64. `causal` as SDPA's is_causal: query i sees keys j <= i. scale defaults to
-    1/sqrt(d). float32 uses TF32 where torch.backends.cuda.matmul.allow_tf32 allows it."""
+    1/sqrt(d). float32 uses TF32 where torch's matmuls would (allow_tf32, or the newer
+    fp32_precision settings)."""
     plan = _plan(q, k, v, causal, scale)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return plan(q, k, v)[0]  # nothing to differentiate: no autograd bookkeeping, no lse kept
