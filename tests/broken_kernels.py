@@ -2060,7 +2060,7 @@ def attn_fwd_variant_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     RESCALE: tl.constexpr, SCALES: tl.constexpr, MASK_VALUE: tl.constexpr,
     DIAGONAL: tl.constexpr, NORMALISE_EACH_STEP: tl.constexpr, LSE: tl.constexpr,
-    MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr,
+    MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
     [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
@@ -2074,8 +2074,8 @@ def attn_fwd_variant_kernel(
     for _ in tl.static_range(SCALES):  # right: once; mistakes: never, or twice
         qk_scale = qk_scale * scale
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    l_i = tl.zeros([BLOCK_M], ACC_DTYPE)  # mistake when float16: the sums in 16 bits
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
     end = n_k
     if CAUSAL:
         end = tl.minimum(n_k, start_m + BLOCK_M + (BLOCK_N if DIAGONAL == 1 else 0))
@@ -2108,11 +2108,11 @@ def attn_fwd_variant_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         if RESCALE:
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            l_i = (l_i * alpha + tl.sum(p, axis=1)).to(ACC_DTYPE)
+            acc = (acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)).to(ACC_DTYPE)
         else:  # mistake: the running sums kept on the old max's scale
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc + tl.dot(p.to(v.dtype), v)
+            l_i = (l_i * alpha + tl.sum(p, axis=1)).to(ACC_DTYPE)
+            acc = (acc + tl.dot(p.to(v.dtype), v)).to(ACC_DTYPE)
         if NORMALISE_EACH_STEP:  # mistake: divided by the running sum at every step
             acc = acc / l_i[:, None]
         m_i = m_new
@@ -2120,6 +2120,7 @@ def attn_fwd_variant_kernel(
         acc = acc / l_i[:, None]
     o_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptr + o_offs, acc.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
+    l_i = l_i.to(tl.float32)
     if LSE == "natural":
         lse = (m_i + tl.log2(l_i)) * 0.69314718
     elif LSE == "log2":  # mistake: left in base 2
@@ -2131,7 +2132,7 @@ def attn_fwd_variant_kernel(
 
 ATTN_FORWARD_RIGHT = dict(
     RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
-    LSE="natural", MASK_KEYS=True, LOAD_MASK=True,
+    LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32,
 )  # fmt: skip
 
 
@@ -2186,6 +2187,12 @@ attention_forward_no_load_mask = _attn_forward_variant(
 attention_forward_grid_floor = _attn_forward_variant(
     "attention_forward_grid_floor", grid_floor=True
 )
+
+
+def attention_forward_sums_in_half(q, k, v, causal, scale):
+    """The mistake of 16-bit running sums, where the inputs are 16-bit."""
+    acc = tl.float16 if q.dtype == torch.float16 else tl.float32
+    return _attn_forward(q, k, v, causal, scale, ACC_DTYPE=acc)
 
 
 @triton.jit
@@ -2290,7 +2297,7 @@ ATTN_BACKWARD_RIGHT = dict(D_TERM=True, P_FROM_LSE=True, DK_SCALED=True, DQ_SCAL
                            LSE_UNITS="natural", CAUSAL_MASK=True)  # fmt: skip
 
 
-def _attn_backward(q, k, v, o, lse, do, causal, scale, **mistake):
+def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, **mistake):
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     flags = ATTN_BACKWARD_RIGHT | mistake
@@ -2304,7 +2311,8 @@ def _attn_backward(q, k, v, o, lse, do, causal, scale, **mistake):
     common = dict(HEAD_DIM=d, BLOCK_M=ATTN_BLOCK, BLOCK_N=ATTN_BLOCK, CAUSAL=causal,
                   D_TERM=flags["D_TERM"], LSE_UNITS=flags["LSE_UNITS"],
                   CAUSAL_MASK=flags["CAUSAL_MASK"])  # fmt: skip
-    attn_bwd_dkdv_variant_kernel[(triton.cdiv(n_k, ATTN_BLOCK), B * H)](
+    key_blocks = n_k // ATTN_BLOCK if key_grid_floor else triton.cdiv(n_k, ATTN_BLOCK)
+    attn_bwd_dkdv_variant_kernel[(key_blocks, B * H)](
         q3, k3, v3, do3, lse, delta, dk, dv, n_q, n_k, scale, **common,
         P_FROM_LSE=flags["P_FROM_LSE"], DK_SCALED=flags["DK_SCALED"],
     )  # fmt: skip
@@ -2335,6 +2343,9 @@ attention_backward_unscaled = _attn_backward_variant(
 )
 attention_backward_lse_as_log2 = _attn_backward_variant(
     "attention_backward_lse_as_log2", LSE_UNITS="log2"
+)
+attention_backward_key_grid_floor = _attn_backward_variant(
+    "attention_backward_key_grid_floor", key_grid_floor=True
 )
 attention_backward_no_causal_mask = _attn_backward_variant(
     "attention_backward_no_causal_mask", CAUSAL_MASK=False

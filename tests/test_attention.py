@@ -143,6 +143,8 @@ ATTENTION_FAMILIES = {
     "dk scale": ["dK = dSᵀ·Q·scale"],
     "backward mask": ["the backward too must hide the keys"],
     "autograd": ["the result carries no gradient"],
+    "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
+    "half": ["keep m, l and acc in float32"],
 }  # fmt: skip
 PRIME = "B=1, H=2, N=37, d=32 (prime), float32"
 PRIME_FP16 = "B=1, H=2, N=61, d=64 (prime), float16"
@@ -177,6 +179,12 @@ ATTENTION_MISTAKES = [
      "the last, partial block of queries has no program", {"grid"}),
     (broken.attention_forward_grid_floor, False, "(smaller than a block), float32: o",
      "the grid has no programs", {"grid"}),
+    (broken.attention_forward_sums_in_half, False, f"{PRIME_FP16}: o",
+     "keep m, l and acc in float32", {"half"}),
+    (broken.attention_backward_key_grid_floor, False, f"{PRIME}: dv",
+     "the last, partial block of keys was never written", {"key grid"}),
+    (broken.attention_backward_key_grid_floor, False, "(smaller than a block), float32: dk",
+     "no row of keys was written", {"key grid"}),
     (broken.attention_backward_without_d, False, f"{PRIME}: dq", "dS is missing D", {"D"}),
     (broken.attention_backward_without_d, False, f"{PRIME_FP16}: dk", "dS is missing D", {"D"}),
     (broken.attention_backward_dv_unnormalised, False, f"{PRIME}: dv",
@@ -440,6 +448,30 @@ def test_the_operator_refuses_a_second_derivative_and_bad_input():
         torch.autograd.grad(grad_q.sum(), q)
     with pytest.raises(ValueError, match="head dimension d=8"):
         ops.attention(q[..., :8], k[..., :8], v[..., :8])
+
+
+# --- the grader's replay ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fn", "causal"),
+    [(broken.attention_forward, True), (broken.attention_forward_keys_not_masked, False),
+     (broken.attention_backward_without_d, False), (broken.attention, False)],
+    ids=["forward-causal", "keys-not-masked", "backward-without-d", "autograd"],
+)  # fmt: skip
+def test_a_replayed_check_judges_as_the_check_itself(fn, causal):
+    from test_replay import _record_then_replay
+
+    name = fn.__name__
+    if name.startswith("attention_forward"):
+        check = functools.partial(course_lib.check_attention_forward, causal=causal)
+    elif name.startswith("attention_backward"):
+        check = functools.partial(course_lib.check_attention_backward, causal=causal)
+    else:
+        check = course_lib.check_attention
+    original, replayed, _ = _record_then_replay(check, fn)
+    assert [c.passed for c in replayed.cases] == [c.passed for c in original.cases]
+    assert [c.hint for c in replayed.cases] == [c.hint for c in original.cases]
 
 
 def test_the_one_argument_causal_checks_check_causal_attention(monkeypatch):

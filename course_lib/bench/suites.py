@@ -611,6 +611,13 @@ def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
         "SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION),
         "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION),
     }
+    # a backend this GPU or this torch lacks is left out, with its targets
+    probe = [torch.randn(1, 1, 128, 64, device=runtime.DEVICE, dtype=dtype) for _ in range(3)]
+    for name in ("SDPA flash", "SDPA cuDNN"):
+        try:
+            sides[name](*probe, True)
+        except RuntimeError:
+            del sides[name]
 
     def make(point, requires_grad):
         b, h, n, d = point
@@ -638,7 +645,7 @@ def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
                 f"attention {name}{', causal' if causal else ''}, B x H x N x d", dtype,
                 ceiling, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3",
             )  # fmt: skip
-            sweep.targets = ATTENTION_TARGETS[name]
+            sweep.targets = [t for t in ATTENTION_TARGETS[name] if t.baseline in sides]
             sweep.launcher = not requires_grad  # a step is autograd's work as much as launches
             baselines = {n: call(fn) for n, fn in sides.items() if n != "ours"}
             yield run_sweep(

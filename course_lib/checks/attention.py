@@ -131,9 +131,8 @@ HEADS_HINT = (
     "must move its pointers to its own (batch, head) with the tensors' strides"
 )
 KEY_BLOCKS_HINT = (
-    "the rows of keys {what} never written: launch triton.cdiv(N_k, BLOCK_N) programs along "
-    "axis 0 of the dK/dV kernel, one per (batch, head) along axis 1, and store with mask "
-    "offs_n < N_k"
+    "{what}: launch triton.cdiv(N_k, BLOCK_N) programs (not N_k // BLOCK_N) along axis 0 of "
+    "the dK/dV kernel, one per (batch, head) along axis 1, and store with mask offs_n < N_k"
 )
 NO_GRADIENT_HINT = (
     "the result carries no gradient: return the output of your autograd Function, "
@@ -675,6 +674,8 @@ def _unwritten_hint(out, part: str) -> str | None:
     unwritten = is_poison(out)
     if out.dim() == 4:
         unwritten = unwritten.all(dim=-1)  # [B, H, N]: rows never written
+    if unwritten.all() and part in ("dk", "dv"):  # the engine's hint names the queries' grid
+        return KEY_BLOCKS_HINT.format(what="no row of keys was written")
     if not unwritten.any() or unwritten.all():  # nothing written: the engine's hint says why
         return None
     heads = unwritten.all(dim=-1)
@@ -686,7 +687,9 @@ def _unwritten_hint(out, part: str) -> str | None:
         n = rows.shape[1]
         if bool(rows[0, first:].all()) and first and n - first < (first & -first):
             if part in ("dk", "dv"):
-                return KEY_BLOCKS_HINT.format(what="in the last, partial block were")
+                return KEY_BLOCKS_HINT.format(
+                    what="the last, partial block of keys was never written"
+                )
             return LAST_BLOCK_HINT
     return None
 
