@@ -2056,6 +2056,8 @@ rms_norm_dw_without_xhat = _norm_function(
 
 
 # --- lesson 10: flash attention, at the lesson's block sizes --------------------------------
+# Every tl.dot asks for input_precision="ieee": on a GPU, Triton multiplies float32 in TF32
+# by default, which the checks' float32 tolerances (and torch's own default) do not allow.
 
 ATTN_BLOCK = 16  # BLOCK_M = BLOCK_N, as the lesson's exercises use in the interpreter
 
@@ -2096,7 +2098,9 @@ def attn_fwd_variant_kernel(
         else:  # mistake: reads past the end of k and v
             k = tl.load(k_ptr + kv_offs)
             v = tl.load(v_ptr + kv_offs)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N], in log2 units
+        s = (
+            tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        )  # [BLOCK_M, BLOCK_N], in log2 units
         visible = offs_n[None, :] < n_k
         if not MASK_KEYS:  # mistake: keys past n_k keep their score
             visible = offs_n[None, :] < n_k + BLOCK_N
@@ -2115,10 +2119,12 @@ def attn_fwd_variant_kernel(
         p = tl.exp2(s - m_new[:, None])
         if RESCALE:
             l_i = (l_i * alpha + tl.sum(p, axis=1)).to(ACC_DTYPE)
-            acc = (acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)).to(ACC_DTYPE)
+            acc = (acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")).to(
+                ACC_DTYPE
+            )
         else:  # mistake: the running sums kept on the old max's scale
             l_i = (l_i * alpha + tl.sum(p, axis=1)).to(ACC_DTYPE)
-            acc = (acc + tl.dot(p.to(v.dtype), v)).to(ACC_DTYPE)
+            acc = (acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")).to(ACC_DTYPE)
         if NORMALISE_EACH_STEP:  # mistake: divided by the running sum at every step
             acc = acc / l_i[:, None]
         m_i = m_new
@@ -2239,7 +2245,9 @@ def attn_bwd_dkdv_variant_kernel(
         lse = tl.load(lse_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
         if LSE_UNITS == "natural":
             lse = lse * 1.44269504
-        s_t = tl.dot(k, tl.trans(q)) * qk_scale  # [BLOCK_N, BLOCK_M]: the scores transposed
+        s_t = (
+            tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+        )  # [BLOCK_N, BLOCK_M]: the scores transposed
         if P_FROM_LSE:
             p_t = tl.exp2(s_t - lse[None, :])
         else:  # mistake: P left unnormalised, exp(S) without the lse
@@ -2247,14 +2255,14 @@ def attn_bwd_dkdv_variant_kernel(
         if CAUSAL and CAUSAL_MASK:
             p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
         p_t = tl.where(offs_n[:, None] < n_k, p_t, 0.0)
-        dv += tl.dot(p_t.to(do.dtype), do)
-        dp_t = tl.dot(v, tl.trans(do))
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
+        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
         delta = tl.load(delta_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
         if D_TERM:
             ds_t = p_t * (dp_t - delta[None, :])
         else:  # mistake: D left out of dS
             ds_t = p_t * dp_t
-        dk += tl.dot(ds_t.to(q.dtype), q)
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision="ieee")
     if DK_SCALED:
         dk *= scale
     tl.store(dk_ptr + kv_offs, dk.to(dk_ptr.dtype.element_ty), mask=offs_n[:, None] < n_k)
@@ -2287,13 +2295,13 @@ def attn_bwd_dq_variant_kernel(
         kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
         v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
-        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale - lse[:, None])
         if CAUSAL and CAUSAL_MASK:
             p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
         p = tl.where(offs_n[None, :] < n_k, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         ds = p * (dp - delta[:, None]) if D_TERM else p * dp
-        dq += tl.dot(ds.to(k.dtype), k)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
     if DQ_SCALED:
         dq *= scale
     tl.store(dq_ptr + q_offs, dq.to(dq_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)

@@ -47,7 +47,8 @@ def test_the_references_agree_with_sdpa(h, h_kv, n_q, n_k, causal):
         torch.testing.assert_close(got, want)
     scores = q @ k.repeat_interleave(h // h_kv, dim=1).transpose(-1, -2) / 8**0.5
     if causal:
-        scores = scores.masked_fill(torch.ones(n_q, n_k).triu(1).bool(), float("-inf"))
+        hidden = torch.ones(n_q, n_k, device=q.device).triu(1).bool()
+        scores = scores.masked_fill(hidden, float("-inf"))
     torch.testing.assert_close(
         references.attention_lse(q, k, v, causal), torch.logsumexp(scores, -1).float()
     )

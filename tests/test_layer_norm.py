@@ -59,10 +59,18 @@ def _expected(fn, x, params, g):
     return [t.to(d) for t, d in zip(got, dtypes)]
 
 
-def _assert_close(got, expected, terms):
-    for g, e, n in zip(got, expected, terms):
+def _assert_close(got, expected, terms, dx_gain=1.0):
+    """dx_gain: how much the backward amplifies a rounding of grad_x (the second result),
+    rstd at most; 1/sqrt(eps) where a row is constant, whose grad_x should be 0."""
+    for i, (g, e, n) in enumerate(zip(got, expected, terms)):
         tol = tolerance_for(e.dtype)
-        torch.testing.assert_close(g, e, rtol=tol.rtol, atol=tol.atol * math.sqrt(n))
+        atol = tol.atol * math.sqrt(n) * (max(1.0, dx_gain) if i == 1 else 1.0)
+        torch.testing.assert_close(g, e, rtol=tol.rtol, atol=atol)
+
+
+def _rstd_max(x, shape, eps=1e-5) -> float:
+    dims = tuple(range(-len(shape), 0))
+    return float((x.double().var(dims, unbiased=False) + eps).rsqrt().max())
 
 
 def _terms(x, shape):
@@ -77,7 +85,7 @@ def test_layer_norm_forward_and_backward_match_float64(x_shape, shape, dtype):
     x, w, b, g = _inputs(x_shape, shape, dtype)
     got = _grads(lambda x, w, b: layer_norm(x, shape, w, b), x, (w, b), g)
     expected = _expected(lambda x, w, b: F.layer_norm(x, shape, w, b), x, (w, b), g)
-    _assert_close(got, expected, _terms(x, shape))
+    _assert_close(got, expected, _terms(x, shape), _rstd_max(x, shape))
 
 
 @pytest.mark.parametrize(("x_shape", "shape"), SHAPES)
