@@ -2069,6 +2069,7 @@ def attn_fwd_variant_kernel(
     RESCALE: tl.constexpr, SCALES: tl.constexpr, MASK_VALUE: tl.constexpr,
     DIAGONAL: tl.constexpr, NORMALISE_EACH_STEP: tl.constexpr, LSE: tl.constexpr,
     MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    TF32_LIKE: tl.constexpr,
 ):  # fmt: skip
     """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
     [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
@@ -2078,6 +2079,8 @@ def attn_fwd_variant_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
+    if TF32_LIKE:  # mistake: float32 multiplied with 10 bits of mantissa, as TF32 does
+        q = q.to(tl.float16).to(q.dtype)
     qk_scale = 1.44269504
     for _ in tl.static_range(SCALES):  # right: once; mistakes: never, or twice
         qk_scale = qk_scale * scale
@@ -2098,6 +2101,9 @@ def attn_fwd_variant_kernel(
         else:  # mistake: reads past the end of k and v
             k = tl.load(k_ptr + kv_offs)
             v = tl.load(v_ptr + kv_offs)
+        if TF32_LIKE:
+            k = k.to(tl.float16).to(k.dtype)
+            v = v.to(tl.float16).to(v.dtype)
         s = (
             tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         )  # [BLOCK_M, BLOCK_N], in log2 units
@@ -2144,7 +2150,7 @@ def attn_fwd_variant_kernel(
 
 ATTN_FORWARD_RIGHT = dict(
     RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
-    LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32,
+    LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32, TF32_LIKE=False,
 )  # fmt: skip
 
 
@@ -2196,6 +2202,7 @@ attention_forward_keys_not_masked = _attn_forward_variant(
 attention_forward_no_load_mask = _attn_forward_variant(
     "attention_forward_no_load_mask", LOAD_MASK=False
 )
+attention_forward_tf32_like = _attn_forward_variant("attention_forward_tf32_like", TF32_LIKE=True)
 attention_forward_grid_floor = _attn_forward_variant(
     "attention_forward_grid_floor", grid_floor=True
 )

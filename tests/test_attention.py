@@ -146,6 +146,7 @@ ATTENTION_FAMILIES = {
     "autograd": ["the result carries no gradient"],
     "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
     "half": ["keep m, l and acc in float32"],
+    "tf32": ["tl.dot multiplies float32 in TF32"],
 }  # fmt: skip
 PRIME = "B=1, H=2, N=37, d=32 (prime), float32"
 PRIME_FP16 = "B=1, H=2, N=61, d=64 (prime), float16"
@@ -217,6 +218,20 @@ def test_attention_checks_name_the_mistake_and_no_other(fn, causal, case, hint, 
     report = _report(fn, causal)
     assert_hint_under(report, case, hint)
     assert_no_other_family(report, families, ATTENTION_FAMILIES)
+
+
+def test_float32_multiplied_in_tf32_on_a_gpu_is_named(monkeypatch):
+    """On a GPU a float32 tl.dot runs in TF32 unless told otherwise: its float32 cases fail
+    where the 16-bit ones pass. The interpreter multiplies exactly, so the broken kernel
+    rounds its operands to TF32's 10 bits of mantissa, and the check is told it runs on a
+    GPU; in the interpreter the same failures get no TF32 hint."""
+    check, fn = course_lib.check_attention_forward, broken.attention_forward_tf32_like
+    monkeypatch.setattr(attention_checks, "_float32_dots_in_tf32", lambda: False)
+    assert "TF32" not in _failure(check, fn)
+    monkeypatch.setattr(attention_checks, "_float32_dots_in_tf32", lambda: True)
+    report = _failure(check, fn)
+    assert_hint_under(report, f"{PRIME}: o", "tl.dot multiplies float32 in TF32")
+    assert_no_other_family(report, {"tf32"}, ATTENTION_FAMILIES)
 
 
 # --- the finished kernel -----------------------------------------------------------------------

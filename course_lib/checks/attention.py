@@ -119,6 +119,12 @@ HALF_HINT = (
     "the float32 cases pass and this 16-bit one does not: keep m, l and acc in float32 "
     "(tl.zeros(..., dtype=tl.float32)) and convert p to v's dtype only for tl.dot"
 )
+TF32_HINT = (
+    "the 16-bit cases pass and this float32 one does not: on a GPU, tl.dot multiplies float32 "
+    "in TF32 (10 bits of mantissa) unless told otherwise. Pass "
+    'input_precision=DOT_PRECISION from kernel_options(q), which is "ieee" unless torch '
+    "allows TF32"
+)
 GRID_HINT = (
     "some rows of queries were never written: launch triton.cdiv(N_q, BLOCK_M) programs "
     "along axis 0 and one per (batch, head) along axis 1, and store with mask offs_m < N_q"
@@ -695,6 +701,11 @@ def _unwritten_hint(out, part: str) -> str | None:
     return None
 
 
+def _float32_dots_in_tf32() -> bool:
+    """Whether a tl.dot of float32 operands, not told otherwise, runs in TF32: on a GPU."""
+    return runtime.MODE == "gpu"
+
+
 def _refine(
     outputs: list, first_part: str | None
 ) -> Callable[[Sequence[Case], list[CaseResult]], None]:
@@ -706,6 +717,7 @@ def _refine(
         vague = {HINTS.wrong_values, HINTS.zeros, HINTS.read_past_end, GRID_HINT, RAISED_HINT,
                  None}  # fmt: skip
         float32 = [r.passed for c, r in zip(cases, results) if c.inputs[0].dtype == torch.float32]
+        sixteen = [r.passed for c, r in zip(cases, results) if c.inputs[0].dtype != torch.float32]
         # a mistake that float32 cases name, by part: 16-bit rounding can hide its exact form
         named = {}
         for c, r in zip(cases, results):
@@ -730,6 +742,13 @@ def _refine(
                 continue
             elif case.inputs[0].dtype in (torch.float16, torch.bfloat16) and all(float32):
                 result.hint = HALF_HINT
+            elif (
+                case.inputs[0].dtype == torch.float32
+                and sixteen
+                and all(sixteen)
+                and (_float32_dots_in_tf32())
+            ):
+                result.hint = TF32_HINT
             elif len(named.get(part, ())) == 1:
                 result.hint = next(iter(named[part]))
 
