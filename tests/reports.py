@@ -4,9 +4,18 @@ import re
 
 
 def assert_hint_under(report: str, case: str, hint: str) -> None:
-    """`hint` is the hint of the case whose line holds `case`, not another case's."""
-    case_then_hint = re.escape(case) + r".*\n(\s+.*\n)*?\s+hint: .*" + re.escape(hint)
-    assert re.search(case_then_hint, report), report
+    """`hint` is the hint of the case whose line holds `case`, not another case's: it is
+    read from the lines below that case's line, up to the next case's."""
+    lines = report.splitlines()
+    for i, line in enumerate(lines):
+        if case not in line or not line.lstrip().startswith(("✗", "✓")):
+            continue
+        for below in lines[i + 1 :]:
+            if below.lstrip().startswith(("✗", "✓")):
+                break
+            if below.lstrip().startswith("hint:") and hint in below:
+                return
+    raise AssertionError(f"no hint {hint!r} under {case!r}:\n{report}")
 
 
 def assert_no_other_family(report: str, families: set[str], table: dict) -> None:
