@@ -36,8 +36,14 @@ from course_lib.checks.engine import (
     random_input,
     run_check,
 )
+from course_lib.checks.gradients import (
+    MissingGradient,
+    NoGradient,
+    NoKernelInBackward,
+    kernel_gradients,
+    returned,
+)
 from course_lib.checks.guard import is_poison
-from course_lib.checks.launches import counting_launches
 
 LOG2E = math.log2(math.e)
 BLOCKS = (16, 32, 64, 128)  # the block sizes a mistake is replayed at
@@ -154,18 +160,6 @@ MISSING_GRADIENT_HINT = (
 )
 NOT_TWO_HINT = "return the output and the logsumexp as a tuple: return o, lse"
 NOT_THREE_HINT = "return the three gradients as a tuple: return dq, dk, dv"
-
-
-class NoGradient(RuntimeError):
-    """The checked function's result is not part of an autograd graph."""
-
-
-class MissingGradient(RuntimeError):
-    """Backward returned None where a gradient was needed."""
-
-
-class NoKernelInBackward(RuntimeError):
-    """No Triton kernel ran in the backward."""
 
 
 class NotTwo(RuntimeError):
@@ -645,16 +639,8 @@ def _autograd_part(fn: Callable) -> Callable:
         o = fn(*leaves, causal, scale)
         if part == "o":
             return o.detach() if isinstance(o, torch.Tensor) else o
-        if not isinstance(o, torch.Tensor) or o.grad_fn is None:
-            raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
-        with counting_launches() as launches:
-            grads = torch.autograd.grad(o, leaves, do, allow_unused=True)
-        if launches[0] == 0:
-            raise NoKernelInBackward("the backward launched no Triton kernel")
-        grad = grads[("dq", "dk", "dv").index(part)]
-        if grad is None:
-            raise MissingGradient(f"backward returned None as the gradient of `{part[1]}`")
-        return grad
+        grads = kernel_gradients(o, leaves, do)
+        return returned(grads[("dq", "dk", "dv").index(part)], part[1])
 
     return run
 

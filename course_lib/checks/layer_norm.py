@@ -26,7 +26,13 @@ from course_lib.checks.engine import (
     random_input,
     run_check,
 )
-from course_lib.checks.launches import counting_launches
+from course_lib.checks.gradients import (
+    MissingGradient,
+    NoGradient,
+    NoKernelInBackward,
+    kernel_gradients,
+    returned,
+)
 
 LOOP_BLOCK = 256  # the BLOCK_SIZE check_layer_norm_forward asks for: most rows take several
 
@@ -119,18 +125,6 @@ MISSING_GRADIENT_HINT = (
     "(None for the arguments that have none, such as eps)"
 )
 NOT_THREE_HINT = "return the three tensors, y, mean and rstd, as a tuple: return y, mean, rstd"
-
-
-class NoGradient(RuntimeError):
-    """The checked function's result is not part of an autograd graph."""
-
-
-class MissingGradient(RuntimeError):
-    """Backward returned None where a gradient was needed."""
-
-
-class NoKernelInBackward(RuntimeError):
-    """No Triton kernel ran in the backward."""
 
 
 class NotThree(RuntimeError):
@@ -479,17 +473,8 @@ def _autograd_part(fn: Callable, rms: bool) -> Callable:
         y = fn(*args, eps=eps)
         if part == "y":
             return y.detach() if isinstance(y, torch.Tensor) else y
-        if not isinstance(y, torch.Tensor) or y.grad_fn is None:
-            raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
-        trained = [t for t in leaves.values() if t is not None]
-        with counting_launches() as launches:
-            grads = torch.autograd.grad(y, trained, rest[-1], allow_unused=True)
-        if launches[0] == 0:
-            raise NoKernelInBackward("the backward launched no Triton kernel")
-        grad = grads[list(leaves).index(part)]
-        if grad is None:
-            raise MissingGradient(f"backward returned None as the gradient of `{part}`")
-        return grad
+        grads = kernel_gradients(y, [t for t in leaves.values() if t is not None], rest[-1])
+        return returned(grads[list(leaves).index(part)], part)
 
     return run
 

@@ -30,6 +30,13 @@ from course_lib.checks.engine import (
     random_input,
     run_check,
 )
+from course_lib.checks.gradients import (
+    MissingGradient,
+    NoGradient,
+    NoKernelInBackward,
+    require_graph,
+    returned,
+)
 from course_lib.checks.launches import counting_launches
 from course_lib.checks.matmul import (
     ACTIVATION_FIRST_HINT,
@@ -178,20 +185,8 @@ class TorchProductInBackward(RuntimeError):
     """The backward computed a matrix product with PyTorch."""
 
 
-class NoGradient(RuntimeError):
-    """The checked function's result is not part of an autograd graph."""
-
-
-class MissingGradient(RuntimeError):
-    """Backward returned None where a gradient was needed."""
-
-
 class WrongOutputShape(RuntimeError):
     """The checked function's result does not have the layer's output shape."""
-
-
-class NoKernelInBackward(RuntimeError):
-    """The gradients came from PyTorch alone: no Triton kernel ran in the backward."""
 
 
 def _wrong_shape(case: Case, got: list[int]) -> str | None:
@@ -578,8 +573,7 @@ def _run_part(fn: Callable, part: str) -> Callable:
         y = fn(leaves["x"], leaves["weight"], leaves["bias"], **kwargs)
         if part == "y":
             return y.detach() if isinstance(y, torch.Tensor) else y
-        if not isinstance(y, torch.Tensor) or y.grad_fn is None:
-            raise NoGradient("your function's result has no grad_fn: autograd cannot reach it")
+        require_graph(y)
         if y.shape != grad_output.shape:
             raise WrongOutputShape(f"y has shape {list(y.shape)}, not {list(grad_output.shape)}")
         alone = part.endswith(" alone")
@@ -600,10 +594,7 @@ def _run_part(fn: Callable, part: str) -> Callable:
                 raise ComputesUnwanted(
                     f"{launches[0]} launches with the weight frozen, {everything} with it trained"
                 )
-        grad = grads[trained.index(wanted)]
-        if grad is None:
-            raise MissingGradient(f"backward returned None as the gradient of `{wanted}`")
-        return grad
+        return returned(grads[trained.index(wanted)], wanted)
 
     return run
 
