@@ -34,6 +34,11 @@ def launch_us(fn: Callable[[], object], calls: int = 20) -> float:
     return elapsed / calls * 1e6
 
 
+# True in course_lib.bench.tile_search's compiling processes: an autotuner's configs are
+# each launched once, which compiles them, and not timed
+compile_only = False
+
+
 def autotune_timer(
     kernel_call: Callable[[], object], quantiles: Sequence[float] | None = None
 ) -> float | list[float]:
@@ -42,7 +47,11 @@ def autotune_timer(
     asks for three and compares the first). Triton's default, do_bench, counts the host's
     launch cost in wherever the host is the slower side, by different amounts from one
     tuning to the next, and so can keep a slower tile (figures in lesson 02)."""
-    ms = median_ms(kernel_call)
+    if compile_only:
+        kernel_call()
+        ms = 0.0
+    else:
+        ms = median_ms(kernel_call)
     return ms if quantiles is None else [ms] * len(quantiles)
 
 

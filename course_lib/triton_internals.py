@@ -16,6 +16,11 @@ What is relied on, by who asks for it:
   parameter in order, constexprs included (`compiled_launch`); the hooks in
   `triton.knobs.runtime` that a profiler sets, and the active driver's current device and
   stream (`direct_launches`); `TensorDescriptor`'s fields (`descriptor`).
+- Tiles taken from a measured table (course_lib.kernels.tile_table): an autotuner's
+  `keys`, `arg_names`, `configs`, `base_fn` (the kernel it tunes), its `cache` of choices
+  by key (the key's values in `keys` order, then the dtype of each argument that has
+  one) and the `configs_timings` of its last tuning (`tuning_key`, `settle`,
+  `last_timings`).
 - Loading a kernel compiled without a launch, to read its registers:
   `CompiledKernel._init_handles` (`load_on_gpu`).
 - The interpreter (course_lib.interpreter_guard): `InterpreterBuilder.create_masked_load`
@@ -54,7 +59,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 __all__ = ["KERNEL_CLASSES", "TUNER_CLASSES", "Autotuner", "CompilationError",
            "CompileTimeAssertionFailure", "JITFunction", "TensorDescriptor", "addresses_reached",
            "compiled_launch", "current_program", "descriptor", "direct_launches",
-           "gpu_front_end", "hook_interpreter", "load_on_gpu", "wrapping_launches"]  # fmt: skip
+           "gpu_front_end", "hook_interpreter", "last_timings", "load_on_gpu", "settle",
+           "tuning_key", "wrapping_launches"]  # fmt: skip
 
 # --- launches ---------------------------------------------------------------------------
 
@@ -119,6 +125,29 @@ def descriptor(t, shape, strides, block_shape: list) -> TensorDescriptor:
     desc.base, desc.shape, desc.strides = t, shape, strides
     desc.block_shape, desc.padding = block_shape, "zero"
     return desc
+
+
+# --- autotuners' choices -----------------------------------------------------------------
+
+
+def tuning_key(tuner: Autotuner, named: dict) -> tuple:
+    """The key under which `tuner` keeps its choice for a launch with these arguments (by
+    name, constexprs included): the values of its `key` parameters, in order, then the
+    dtype of every argument that has one, as Autotuner.run builds it."""
+    given = {k: v for k, v in named.items() if k in tuner.arg_names}
+    values = [given[k] for k in tuner.keys if k in given]
+    return (*values, *(str(v.dtype) for v in given.values() if hasattr(v, "dtype")))
+
+
+def settle(tuner: Autotuner, key: tuple, config) -> None:
+    """Make `config` (one of tuner.configs) the tuner's choice for `key`: a launch with that
+    key then runs it, pre_hook included, without timing any config."""
+    tuner.cache[key] = config
+
+
+def last_timings(tuner: Autotuner) -> dict:
+    """Each config the tuner timed last, with its time (as its do_bench returned it)."""
+    return dict(getattr(tuner, "configs_timings", None) or {})
 
 
 # --- the interpreter --------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from course_lib import runtime, triton_internals
-from course_lib.kernels import _plan
+from course_lib.kernels import _plan, tile_table
 from course_lib.kernels._plan import PlanCache
 from course_lib.triton_internals import Autotuner, JITFunction, TensorDescriptor, descriptor
 
@@ -158,8 +158,13 @@ class LeanLauncher:
     def launch_plain(self, grid, args: tuple, meta: dict) -> tuple[object, dict]:
         """`kernel[grid](*args, **meta)`: the compiled kernel it returns, and the config it
         ran with (the autotuner's choice for these arguments; {} for a plain kernel)."""
+        if not self.tuned:
+            return self.kernel[grid](*args, **meta), {}
+        named = self.named_arguments(args, meta, {})
+        tile_table.settle_from_table(self.kernel, named)  # a measured tile, if there is one
         compiled = self.kernel[grid](*args, **meta)
-        return compiled, self.kernel.best_config.all_kwargs() if self.tuned else {}
+        tile_table.record_choice(self.kernel, named)
+        return compiled, self.kernel.best_config.all_kwargs()
 
     def named_arguments(self, args: tuple, meta: dict, config: dict) -> dict:
         """Every argument by name, as Triton hands them to a grid function or a pre_hook."""
@@ -251,6 +256,8 @@ def tuned_config(kernel: Autotuner, grid: Callable[[dict], tuple], args: tuple, 
     graph, which Inductor may keep in its cache on disk and reuse in a later process."""
     if not all(_static(a) for a in args):
         raise NotTraceable(f"{kernel.fn.__name__} is autotuned, and these sizes are symbolic")
+    named = {**dict(zip(kernel.arg_names, args)), **meta}
+    tile_table.settle_from_table(kernel, named)  # then no scratch launch is timed
     try:
         with _disable_current_modes():  # real tensors, outside the tracing
             kernel[grid](*(_scratch_like(a) for a in args), **meta)
