@@ -147,7 +147,9 @@ def _compare_compiled(fn, args, reference, result: CaseResult) -> None:
     expected = (reference or fn)(*_cloned(args))
     torch.compiler.reset()
     try:
-        got = torch.compile(fn, fullgraph=True, backend=runtime.COMPILE_BACKEND)(*_cloned(args))
+        with compiling_afresh():
+            compiled = torch.compile(fn, fullgraph=True, backend=runtime.COMPILE_BACKEND)
+            got = compiled(*_cloned(args))
     except Exception as error:  # noqa: BLE001
         result.problems.append(Problem(
             f"compiling raised {type(error).__name__}: {_first_line(str(error))}", "raised"
@@ -185,6 +187,24 @@ def _compare_compiled(fn, args, reference, result: CaseResult) -> None:
 
 def _cloned(args: tuple) -> tuple:
     return pytree.tree_map(lambda a: a.clone() if isinstance(a, torch.Tensor) else a, args)
+
+
+@contextlib.contextmanager
+def compiling_afresh():
+    """Compile in the block without torch's caches of compiled graphs, which live on disk
+    and serve later processes too. AOTAutograd's is keyed by Dynamo's graph, Inductor's by
+    the graph after it: both name an operator, but hold neither its fake, its schema's
+    mutations nor the backward registered on it. An operator fixed and registered again
+    under its name would run as the graph compiled for the one before it, even after a
+    restart."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with (
+        functorch_config.patch(enable_autograd_cache=False),
+        inductor_config.patch(fx_graph_cache=False),
+    ):
+        yield
 
 
 # -- check_softmax_op ---------------------------------------------------------------------
@@ -324,9 +344,13 @@ def _explained(error: Exception) -> Exception:
 @contextlib.contextmanager
 def _tracing_safely():
     """Suspend the check's guarded tensor factories (a TorchFunctionMode) while the
-    compiler traces: they would hand real memory to a fake implementation. And stop a
-    kernel launched with fake tensors before it runs."""
-    with torch.overrides._pop_mode_temporarily() as mode, refusing_fake_launches():
+    compiler traces: they would hand real memory to a fake implementation. Stop a kernel
+    launched with fake tensors before it runs. And compile afresh (compiling_afresh)."""
+    with (
+        torch.overrides._pop_mode_temporarily() as mode,
+        refusing_fake_launches(),
+        compiling_afresh(),
+    ):
         if not isinstance(mode, GuardedArena):
             raise RuntimeError(f"the check expected its GuardedArena on top, found {mode!r}")
         yield
