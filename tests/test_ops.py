@@ -670,6 +670,33 @@ def test_check_softmax_backward_names_the_mistake_and_no_other(how, case, hint):
     assert not any(h in line for line in report.splitlines() if "hint:" in line for h in others)
 
 
+def test_check_softmax_backward_grades_an_operator_registered_again_by_its_new_backward(
+    monkeypatch, tmp_path
+):
+    """torch keeps compiled graphs on disk, keyed by Dynamo's graph, which names
+    lesson08::softmax but not the backward registered on it: once the learner saves the
+    output instead of x and registers again, the compiled case must run the new backward,
+    not the graph cached for the mistake. With the caches on, as in a notebook, and
+    Inductor compiling (here too: the graph holds only operators, so no C++ is built)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(runtime, "COMPILE_BACKEND", "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with (
+        functorch_config.patch(enable_autograd_cache=True),
+        inductor_config.patch(fx_graph_cache=True),
+    ):
+        with pytest.raises(CheckFailed) as info:
+            course_lib.check_softmax_backward(
+                _softmax_with_backward("backward_fixed_later", saved="input")
+            )
+        assert_hint_under(info.value.result.report(), "compiled with fullgraph=True",
+                          "read the operator's input x")  # fmt: skip
+        fixed = _softmax_with_backward("backward_fixed_later")
+        assert course_lib.check_softmax_backward(fixed).passed
+
+
 def test_check_softmax_backward_asks_for_an_operator():
     with pytest.raises(CheckFailed) as info:
         course_lib.check_softmax_backward(broken.softmax_backward_launch)
