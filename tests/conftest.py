@@ -6,6 +6,7 @@ import torch
 
 import course_lib  # noqa: F401  (first: decides GPU or interpreter before triton loads)
 from course_lib import runtime
+from course_lib.checks.compiled import compiling_afresh
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -23,3 +24,11 @@ def pytest_collection_modifyitems(config, items):
 def _seeded():
     """Random inputs differ per test but repeat from run to run, so a failure reproduces."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compiled_afresh():
+    """Graphs compiled by this run's code: torch's caches on disk, keyed without the
+    operators' kernels and backwards (see compiling_afresh), would serve an earlier run's."""
+    with compiling_afresh():
+        yield

@@ -404,29 +404,47 @@ def test_inductor_launches_the_operators_plain_kernels_itself():
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
 
 
-def _assert_launched_with_the_autotuners_tile(a, b, kernel_name, autotuned):
-    """A compiled a @ b launches `kernel_name` from Inductor's code, with the tile that
-    `autotuned` chose and no call of the operator left, and gets the product right."""
+# a product kernel's tile, in the order Inductor writes a user kernel's constexprs
+TILE = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+
+
+def _eager_launch(fn, *args, kernel_name: str) -> dict:
+    """Every argument by name (the tile too) of the last launch of `kernel_name` that an
+    eager call fn(*args) makes."""
+    from course_lib.bench.recording import recording_launches
+
+    with recording_launches() as launches:
+        fn(*args)
+    named = [launch.kwargs for launch in launches if launch.kernel.__name__ == kernel_name]
+    assert named, f"an eager call launched no {kernel_name}: {launches}"
+    return named[-1]
+
+
+def _assert_launched_with_the_eager_tile(a, b, kernel_name):
+    """A compiled a @ b launches `kernel_name` from Inductor's code, with no call of the
+    operator left and the tile an eager a @ b launches it with (the autotuner's choice, or
+    one measured beforehand), and gets the product right."""
     compiled = torch.compile(ops.matmul, fullgraph=True)
     code = _generated_code(compiled, a, b)
     assert "torch.ops.course" not in code and kernel_name in code
-    chosen = autotuned.best_config
-    assert f"'BLOCK_M': {chosen.kwargs['BLOCK_M']}, 'BLOCK_N': {chosen.kwargs['BLOCK_N']}" in code
+    eager = _eager_launch(ops.matmul, a, b, kernel_name=kernel_name)
+    expected = [", ".join(f"'{name}': {eager[name]!r}" for name in TILE)]
+    if "WARP_SPECIALIZE" in eager:
+        expected.append(f"'WARP_SPECIALIZE': {eager['WARP_SPECIALIZE']!r}")
+    written = [line.strip()[:400] for line in code.splitlines() if "'BLOCK_M'" in line]
+    for part in expected:
+        assert part in code, f"an eager call launches {part}; the graph's: {written}"
     torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
-def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
+def test_an_autotuned_product_enters_the_graph_with_the_tile_an_eager_call_takes():
     """Past SMALL_PRODUCT matmul's kernel is autotuned: the graph takes it with the config
-    the course's autotuner chose for that shape, so Inductor launches that tile and does
-    not tune again. Under dynamic shapes no one config stands for every size, and the
+    an eager call of that shape launches, so Inductor launches that tile and does not
+    tune again. Under dynamic shapes no one config stands for every size, and the
     operator stays whole."""
-    from course_lib.kernels import matmul as lesson05
-
     a, b = _rand(512, 384, dtype=torch.float16), _rand(384, 640, dtype=torch.float16, seed=1)
-    _assert_launched_with_the_autotuners_tile(
-        a, b, "matmul_kernel", lesson05.matmul_kernel_autotuned
-    )
+    _assert_launched_with_the_eager_tile(a, b, "matmul_kernel")
 
     dynamic = torch.compile(ops.matmul, fullgraph=True, dynamic=True)
     assert "torch.ops.course.matmul" in _generated_code(dynamic, a, b)
@@ -436,9 +454,9 @@ def test_an_autotuned_product_enters_the_graph_with_the_autotuners_choice():
 @pytest.mark.gpu
 def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     """A product for the Hopper TMA kernel enters the graph too: the kernel builds its
-    descriptors on the GPU there, with the tile the autotuner chose, since torch records
-    no descriptor built on the host. So does a GELU layer's forward with its bias (taken
-    by the TMA kernel where no backward is to come), and its backward's products."""
+    descriptors on the GPU there, with the tile an eager call launches, since torch
+    records no descriptor built on the host. So does a GELU layer's forward with its bias
+    (taken by the TMA kernel where no backward is to come), and its backward's products."""
     from course_lib.kernels import matmul_fast_paths as fast
 
     if hopper.capability(DEVICE.index or 0) not in fast.TMA_GPUS:
@@ -446,7 +464,7 @@ def test_a_tma_product_enters_the_graph_building_its_descriptors_on_the_gpu():
     # a 16-bit product takes the TMA kernel from 2048^3 on
     a = _rand(2048, 2048, dtype=torch.float16)
     b = _rand(2056, 2048, dtype=torch.float16, seed=1).t()
-    _assert_launched_with_the_autotuners_tile(a, b, "tma_matmul_kernel", fast.tma_matmul_autotuned)
+    _assert_launched_with_the_eager_tile(a, b, "tma_matmul_kernel")
 
     # past TMA_MIN_PRODUCT
     x = _rand(2048, 2048, dtype=torch.bfloat16).requires_grad_()
@@ -650,6 +668,33 @@ def test_check_softmax_backward_names_the_mistake_and_no_other(how, case, hint):
     assert_hint_under(report, case, hint)
     others = [h for h in BACKWARD_HINTS if h not in hint]
     assert not any(h in line for line in report.splitlines() if "hint:" in line for h in others)
+
+
+def test_check_softmax_backward_grades_an_operator_registered_again_by_its_new_backward(
+    monkeypatch, tmp_path
+):
+    """torch keeps compiled graphs on disk, keyed by Dynamo's graph, which names
+    lesson08::softmax but not the backward registered on it: once the learner saves the
+    output instead of x and registers again, the compiled case must run the new backward,
+    not the graph cached for the mistake. With the caches on, as in a notebook, and
+    Inductor compiling (here too: the graph holds only operators, so no C++ is built)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(runtime, "COMPILE_BACKEND", "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    with (
+        functorch_config.patch(enable_autograd_cache=True),
+        inductor_config.patch(fx_graph_cache=True),
+    ):
+        with pytest.raises(CheckFailed) as info:
+            course_lib.check_softmax_backward(
+                _softmax_with_backward("backward_fixed_later", saved="input")
+            )
+        assert_hint_under(info.value.result.report(), "compiled with fullgraph=True",
+                          "read the operator's input x")  # fmt: skip
+        fixed = _softmax_with_backward("backward_fixed_later")
+        assert course_lib.check_softmax_backward(fixed).passed
 
 
 def test_check_softmax_backward_asks_for_an_operator():
