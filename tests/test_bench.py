@@ -253,3 +253,43 @@ def test_the_attention_suite_is_registered_around_its_targets_anchor():
     for targets in suites.ATTENTION_TARGETS.values():
         assert {t.baseline for t in targets} == {"SDPA flash", "SDPA cuDNN"}
         assert all(t.where(suites.ATTENTION_ANCHOR) for t in targets)
+
+
+# the linear suite's transformer shapes, and conv2d against cuDNN's own autotuner
+
+
+def test_the_transformer_shapes_and_their_targets(tmp_path, capsys):
+    from course_lib.bench import suites
+
+    shapes = suites.TRANSFORMER_SHAPES
+    assert len(shapes) == 13 and (16384, 11008, 4096) in shapes and (4096, 768, 3072) in shapes
+    for shape in shapes:
+        ratios = [t.ratio for t in suites.TRANSFORMER_TARGETS if t.where(shape)]
+        assert ratios == ([0.9] if shape == (1024, 1024, 1024) else [0.95]), shape
+    # the section can be run alone
+    assert suites.SUITE_PARTS["linear_transformer"] is suites.linear_transformer_suite
+    if runtime.INTERPRETED:
+        assert bench_main(["--only", "linear_transformer", "--out", str(tmp_path / "b")]) == 0
+        assert "Benchmarking needs a GPU" in capsys.readouterr().out
+
+
+def test_cudnn_tuning_runs_on_a_thread_of_its_own_and_leaves_the_flag_as_it_was():
+    import threading
+
+    from course_lib.bench import suites
+
+    saved = torch.backends.cudnn.benchmark
+    thread, flag = suites.with_cudnn_tuning(
+        lambda: (threading.get_ident(), torch.backends.cudnn.benchmark)
+    )
+    assert thread != threading.get_ident() and flag is True
+    assert torch.backends.cudnn.benchmark == saved
+    with pytest.raises(KeyError), suites.cudnn_benchmark(not saved):
+        assert torch.backends.cudnn.benchmark == (not saved)
+        raise KeyError("a sweep that stops half-way")
+    assert torch.backends.cudnn.benchmark == saved
+    for layout, ratio in (("channels-last", 0.8), ("NCHW", 0.9)):
+        (target,) = suites.CUDNN_TUNED_TARGETS[layout]
+        assert (target.baseline, target.ratio) == (suites.CUDNN_TUNED, ratio)
+        assert all(target.where(p) for p in suites.RESNET_LAYERS)
+        assert not target.where(suites.STEM)
