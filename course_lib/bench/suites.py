@@ -14,6 +14,8 @@ from typing import TypeVar
 import torch
 
 from course_lib import references, runtime
+from course_lib.bench import first_call
+from course_lib.bench.first_call import FirstCallTable
 from course_lib.bench.sweep import (
     Sweep,
     Target,
@@ -752,5 +754,12 @@ def _attention_memory_sweep(ours, naive) -> Sweep:
 SUITES["attention"] = attention_suite
 
 
+def first_call_suite(ceiling_gbps: float) -> Iterator[FirstCallTable]:
+    """What a new shape's first call costs, in fresh processes (course_lib.bench.first_call)."""
+    torch.cuda.empty_cache()  # what this process keeps from other suites is the children's
+    yield from first_call.first_call_tables()
+
+
+SUITES["first_call"] = first_call_suite
 # parts of a suite that can be run alone too (--only); a full run runs them in their suite
 SUITE_PARTS = {"linear_transformer": linear_transformer_suite}
