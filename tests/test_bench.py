@@ -306,15 +306,20 @@ def test_the_childs_measurement_runs_the_kernel_at_a_tiny_size(kernel, shape, dt
     assert isinstance(record["tuned"], str)
 
 
-def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache():
-    from course_lib.bench.first_call import MEASURED, Case, first_call
+def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsys):
+    from course_lib.bench.first_call import MEASURED, Case, first_call_table
 
-    measured = first_call(Case("matmul", (23, 13, 9), "float32"), timeout_s=120)
+    table = first_call_table([Case("matmul", (23, 13, 9), "float32")], timeout_s=120)
+    (measured,) = table.calls
     for process in (measured.empty, measured.warm):
         assert process.outcome == MEASURED, process.detail
         assert process.import_s > 0 and process.first_s > 0 and process.launches == 1
     # without a GPU nothing compiles; on one the first process compiles what the second reuses
     assert measured.compiled[1] == 0
+    # the row is printed as soon as it is measured, under the table's header
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[2].startswith("| case | dtype | imports s |")
+    assert printed[4] == table.row(measured) and printed[4].startswith("| matmul 23x13x9 |")
 
 
 def test_a_child_past_its_timeout_is_reported_and_not_measured_again():

@@ -130,18 +130,22 @@ _BUILDERS: dict[str, Callable[[Case], Callable[[], object]]] = {
 
 _STEP = "forward + backward"
 # (M, N, K), (rows, in, out), (B, C, H = W, O, k, stride, padding), (B, H, N, d)
+# one of each kernel first and the largest products last, so that a run stopped early has
+# measured every kernel
 CASES = [
-    *(
-        Case("matmul", (size,) * 3, dtype)
-        for dtype in ("float16", "bfloat16")
-        for size in (1000, 4096, 8192)
-    ),
-    Case("matmul", (3000, 127, 2000), "float32", "relu"),  # a narrow, awkward product
+    Case("matmul", (1000, 1000, 1000), "float16"),
     Case("linear", (4096, 768, 3072), "bfloat16", _STEP),  # a transformer MLP's two layers
-    Case("linear", (4096, 3072, 768), "bfloat16", _STEP),
     Case("conv2d", (32, 256, 14, 256, 3, 1, 1), "float16", "channels-last"),
     Case("conv2d", (32, 64, 56, 64, 3, 1, 1), "float16", "NCHW"),
     Case("attention", (4, 32, 4096, 128), "bfloat16", _STEP),
+    Case("matmul", (3000, 127, 2000), "float32", "relu"),  # a narrow, awkward product
+    Case("linear", (4096, 3072, 768), "bfloat16", _STEP),
+    Case("matmul", (1000, 1000, 1000), "bfloat16"),
+    *(
+        Case("matmul", (size,) * 3, dtype)
+        for size in (4096, 8192)
+        for dtype in ("float16", "bfloat16")
+    ),
 ]
 
 
@@ -278,7 +282,7 @@ def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
 
 @dataclass
 class FirstCallTable:
-    """The first calls of one kernel's cases, with the course's targets: a report section
+    """The first calls of some cases, with the course's targets: a report section
     of its own (no throughput, no baseline: a Sweep does not fit)."""
 
     name: str
@@ -305,12 +309,7 @@ class FirstCallTable:
         notes = self.verdicts()
         for call in self.calls:
             empty, warm, name = call.empty, call.warm, call.case.label()
-            compiled_warm = call.compiled[1] if warm.outcome == MEASURED else "—"
-            cells = [name, call.case.dtype, empty.cell(empty.import_s, ".1f"),
-                     empty.cell(empty.first_s, ".2f"), warm.cell(warm.first_s, ".2f"),
-                     f"{call.compiled[0]} / {compiled_warm}",
-                     empty.cell(empty.second_ms, ".2f")]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append(self.row(call))
             for cache, process in (("empty cache", empty), ("warm cache", warm)):
                 if process.outcome in (TIMED_OUT, FAILED):
                     notes.append(f"{name}, {cache}: {process.outcome}, {process.detail}")
@@ -320,6 +319,17 @@ class FirstCallTable:
                 )
                 notes.append(f"autotuned at {name}: {empty.tuned}{again}")
         return "\n".join(lines + [""] + [f"- {note}" for note in notes])
+
+    @staticmethod
+    def row(call: FirstCall) -> str:
+        """The table's row for one case."""
+        empty, warm = call.empty, call.warm
+        compiled_warm = call.compiled[1] if warm.outcome == MEASURED else "—"
+        cells = [call.case.label(), call.case.dtype, empty.cell(empty.import_s, ".1f"),
+                 empty.cell(empty.first_s, ".2f"), warm.cell(warm.first_s, ".2f"),
+                 f"{call.compiled[0]} / {compiled_warm}",
+                 empty.cell(empty.second_ms, ".2f")]  # fmt: skip
+        return "| " + " | ".join(cells) + " |"
 
     def verdicts(self) -> list[str]:
         """One line per target, naming the cases that miss it and by how much."""
@@ -338,23 +348,15 @@ class FirstCallTable:
         return lines
 
 
-def first_call_tables(cases: list[Case] = CASES, timeout_s: float = CHILD_TIMEOUT_S):
-    """A table per kernel, each case in fresh processes, one at a time (a compile on the
-    side would slow the one measured). Each case's figures are printed as soon as they
-    are measured: a long run that is stopped keeps them."""
+def first_call_table(cases: list[Case] = CASES, timeout_s: float = CHILD_TIMEOUT_S):
+    """The cases' first calls, each in fresh processes, one at a time (a compile on the
+    side would slow the one measured). Each case's row is printed as soon as it is
+    measured: a long run that is stopped keeps it."""
     from tqdm.auto import tqdm
 
-    for kernel in dict.fromkeys(case.kernel for case in cases):
-        table = FirstCallTable(f"first call: {kernel}")
-        for case in tqdm([c for c in cases if c.kernel == kernel], desc=table.name, leave=False):
-            measured = first_call(case, timeout_s)
-            table.calls.append(measured)
-            print(f"{case.label()} {case.dtype}: empty cache {_brief(measured.empty)}, "
-                  f"warm cache {_brief(measured.warm)}", flush=True)  # fmt: skip
-        yield table
-
-
-def _brief(process: FreshProcess) -> str:
-    if process.outcome == MEASURED:
-        return f"{process.first_s:.2f} s"
-    return f"{process.outcome}, {process.detail}"
+    table = FirstCallTable("first call")
+    print("\n".join(table.table().splitlines()[:4]), flush=True)  # its title and header
+    for case in tqdm(cases, desc=table.name, leave=False):
+        table.calls.append(first_call(case, timeout_s))
+        print(table.row(table.calls[-1]), flush=True)
+    return table

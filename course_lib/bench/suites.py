@@ -757,7 +757,7 @@ SUITES["attention"] = attention_suite
 def first_call_suite(ceiling_gbps: float) -> Iterator[FirstCallTable]:
     """What a new shape's first call costs, in fresh processes (course_lib.bench.first_call)."""
     torch.cuda.empty_cache()  # what this process keeps from other suites is the children's
-    yield from first_call.first_call_tables()
+    yield first_call.first_call_table()
 
 
 SUITES["first_call"] = first_call_suite
