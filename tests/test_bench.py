@@ -364,17 +364,18 @@ def test_the_first_call_report_names_the_cases_that_miss_each_target():
         [
             FirstCall(Case("matmul", (1000,) * 3, "float16"), process(3.2), process(0.4), (1, 0)),
             FirstCall(Case("matmul", (8192,) * 3, "float16"), process(14.23, tile),
-                      process(1.52, other), (11, 0)),
+                      process(1.52, other), (11, 0), c_modules=2),
         ],
     )  # fmt: skip
     lines = table.table().splitlines()
     assert "| matmul 1000x1000x1000 | float16 | 4.2 | 3.20 | 0.40 | 1 / 0 | 0.31 |" in lines
     assert "| matmul 8192x8192x8192 | float16 | 4.2 | 14.23 | 1.52 | 11 / 0 | 0.31 |" in lines
-    assert lines[-3:] == [
+    assert lines[-4:] == [
         "- target first call ≤ 10 s with an empty cache: missed at matmul 8192x8192x8192 "
         "float16 (14.2 s)",
         "- target first call ≤ 1 s with a warm cache: missed at matmul 8192x8192x8192 "
         "float16 (1.5 s)",
+        "- matmul 8192x8192x8192: Triton built 2 C modules into the empty cache, within its figure",
         f"- autotuned at matmul 8192x8192x8192: {tile} (warm cache: {other})",
     ]
     table.calls.pop()

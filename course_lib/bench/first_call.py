@@ -255,6 +255,12 @@ def _compiled_kernels(cache_dir: str | Path) -> int:
     return sum(1 for _ in Path(cache_dir).rglob("*.cubin"))
 
 
+def _c_modules(cache_dir: str | Path) -> int:
+    """The C modules built into a Triton cache (its driver's helpers and launchers, in the
+    versions that build them): part of an empty cache's figure, never of a warm one's."""
+    return sum(1 for _ in Path(cache_dir).rglob("*.so"))
+
+
 @dataclass
 class FirstCall:
     """A case's first call with an empty Triton cache and with the cache it left."""
@@ -264,6 +270,7 @@ class FirstCall:
     warm: FreshProcess
     # kernels that each process compiled: with the cache warm, none should be
     compiled: tuple[int, int] = (0, 0)
+    c_modules: int = 0  # C modules the empty-cache process built
 
 
 def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
@@ -271,13 +278,13 @@ def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
     process with the cache the first one left."""
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
         empty = run_fresh(case, cache_dir, timeout_s)
-        compiled_empty = _compiled_kernels(cache_dir)
+        compiled_empty, c_modules = _compiled_kernels(cache_dir), _c_modules(cache_dir)
         if empty.outcome != MEASURED:  # a partly filled cache is not what a program finds
             warm = FreshProcess(outcome=NOT_RUN, detail="the empty-cache process did not finish")
         else:
             warm = run_fresh(case, cache_dir, timeout_s)
         compiled_warm = _compiled_kernels(cache_dir) - compiled_empty
-    return FirstCall(case, empty, warm, (compiled_empty, compiled_warm))
+    return FirstCall(case, empty, warm, (compiled_empty, compiled_warm), c_modules)
 
 
 @dataclass
@@ -313,6 +320,9 @@ class FirstCallTable:
             for cache, process in (("empty cache", empty), ("warm cache", warm)):
                 if process.outcome in (TIMED_OUT, FAILED):
                     notes.append(f"{name}, {cache}: {process.outcome}, {process.detail}")
+            if call.c_modules:
+                notes.append(f"{name}: Triton built {call.c_modules} C modules into the empty "
+                             "cache, within its figure")  # fmt: skip
             if empty.tuned:
                 again = (
                     f" (warm cache: {warm.tuned})" if warm.tuned not in ("", empty.tuned) else ""
