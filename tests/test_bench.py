@@ -253,3 +253,184 @@ def test_the_attention_suite_is_registered_around_its_targets_anchor():
     for targets in suites.ATTENTION_TARGETS.values():
         assert {t.baseline for t in targets} == {"SDPA flash", "SDPA cuDNN"}
         assert all(t.where(suites.ATTENTION_ANCHOR) for t in targets)
+
+
+# the first call of a new shape, in fresh processes (course_lib.bench.first_call)
+
+
+def test_the_first_call_suite_is_registered_with_the_courses_cases():
+    from course_lib.bench import first_call, suites
+
+    assert suites.SUITES["first_call"] is suites.first_call_suite
+    labels = [f"{case.label()} {case.dtype}" for case in first_call.CASES]
+    assert len(set(labels)) == len(labels)
+    assert {case.kernel for case in first_call.CASES} == {"matmul", "linear", "conv2d", "attention"}
+    assert "matmul 8192x8192x8192 bfloat16" in labels
+    assert "matmul 3000x127x2000, relu float32" in labels
+    assert "linear 4096x3072->768, forward + backward bfloat16" in labels
+    assert "conv2d 32x64x56x56->64 3x3, NCHW float16" in labels
+    assert "attention B4 H32 N4096 d128, forward + backward bfloat16" in labels
+
+
+def test_a_case_refuses_what_it_cannot_build():
+    from course_lib.bench.first_call import Case
+
+    with pytest.raises(ValueError, match=r"no case for kernel 'softmax'; use one of \["):
+        Case("softmax", (4, 4), "float32")
+    with pytest.raises(ValueError, match="'half16' is not a torch dtype"):
+        Case("matmul", (4, 4, 4), "half16")
+    # as the child reads it back from JSON
+    assert Case("matmul", [2, 3, 4], "float32").shape == (2, 3, 4)
+
+
+# shapes no other test uses: the finished kernels keep a plan per shape in this process
+TINY_CASES = [
+    ("matmul", (19, 11, 7), "float32", "relu"),
+    ("linear", (7, 5, 3), "float32", "forward + backward"),
+    ("conv2d", (2, 3, 7, 4, 3, 2, 1), "float16", "channels-last"),
+    ("conv2d", (2, 3, 5, 4, 3, 1, 1), "float32", "NCHW"),
+    ("attention", (1, 2, 9, 16), "float32", "forward + backward"),
+]
+
+
+@pytest.mark.parametrize("kernel, shape, dtype, variant", TINY_CASES,
+                         ids=lambda value: "x".join(map(str, value)) if isinstance(value, tuple)
+                         else value)  # fmt: skip
+def test_the_childs_measurement_runs_the_kernel_at_a_tiny_size(kernel, shape, dtype, variant):
+    from course_lib.bench.first_call import Case, measure
+
+    record = measure(Case(kernel, shape, dtype, variant))
+    assert record["first_s"] > 0 and record["second_ms"] > 0
+    # the third call launched the course's kernels: the record is the kernel's, not torch's
+    assert record["launches"] >= (3 if variant == "forward + backward" else 1)
+    assert isinstance(record["tuned"], str)
+
+
+def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsys):
+    from course_lib.bench.first_call import MEASURED, Case, first_call_table
+
+    table = first_call_table([Case("matmul", (23, 13, 9), "float32")], timeout_s=120)
+    (measured,) = table.calls
+    for process in (measured.empty, measured.warm):
+        assert process.outcome == MEASURED, process.detail
+        assert process.import_s > 0 and process.first_s > 0 and process.launches == 1
+    # without a GPU nothing compiles; on one the first process compiles what the second reuses
+    assert measured.compiled[1] == 0
+    # the row is printed as soon as it is measured, under the table's header
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[2].startswith("| case | dtype | imports s |")
+    assert printed[4] == table.row(measured) and printed[4].startswith("| matmul 23x13x9 |")
+
+
+def test_a_child_past_its_timeout_is_reported_and_not_measured_again():
+    from course_lib.bench.first_call import NOT_RUN, TIMED_OUT, Case, FirstCallTable, first_call
+
+    case = Case("matmul", (23, 13, 9), "float32")
+    measured = first_call(case, timeout_s=0.01)  # not even Python's imports fit
+    assert (measured.empty.outcome, measured.empty.detail) == (TIMED_OUT, "after 0.01 s")
+    assert measured.warm.outcome == NOT_RUN
+    table = FirstCallTable("first call: matmul", [measured]).table()
+    assert (
+        "| matmul 23x13x9 | float32 | timed out | timed out | not run | 0 / — | timed out |"
+        in table
+    )
+    assert (
+        "- target first call ≤ 10 s with an empty cache: missed at matmul 23x13x9 float32 "
+        "(timed out)" in table
+    )
+    assert "- matmul 23x13x9, empty cache: timed out, after 0.01 s" in table
+
+
+@pytest.mark.skipif(not runtime.INTERPRETED, reason="interpreter behaviour")
+def test_a_child_that_fails_reports_its_error():
+    from course_lib.bench.first_call import FAILED, Case, run_fresh
+
+    process = run_fresh(Case("matmul", (8, 8, 8), "bfloat16"), "unused-cache", timeout_s=120)
+    assert process.outcome == FAILED
+    assert process.detail.startswith("TypeError: matmul: bfloat16 needs a GPU")
+
+
+def test_the_first_call_report_names_the_cases_that_miss_each_target():
+    from course_lib.bench.first_call import Case, FirstCall, FirstCallTable, FreshProcess
+
+    def process(first_s, tuned=""):
+        return FreshProcess(import_s=4.25, first_s=first_s, second_ms=0.31, launches=1,
+                            tuned=tuned)  # fmt: skip
+
+    tile = "matmul_kernel BLOCK_M=128 BLOCK_N=128 num_warps=8"
+    other = "matmul_kernel BLOCK_M=64 BLOCK_N=128 num_warps=4"
+    table = FirstCallTable(
+        "first call: matmul",
+        [
+            FirstCall(Case("matmul", (1000,) * 3, "float16"), process(3.2), process(0.4), (1, 0)),
+            FirstCall(Case("matmul", (8192,) * 3, "float16"), process(14.23, tile),
+                      process(1.52, other), (11, 0), c_modules=2),
+        ],
+    )  # fmt: skip
+    lines = table.table().splitlines()
+    assert "| matmul 1000x1000x1000 | float16 | 4.2 | 3.20 | 0.40 | 1 / 0 | 0.31 |" in lines
+    assert "| matmul 8192x8192x8192 | float16 | 4.2 | 14.23 | 1.52 | 11 / 0 | 0.31 |" in lines
+    assert lines[-4:] == [
+        "- target first call ≤ 10 s with an empty cache: missed at matmul 8192x8192x8192 "
+        "float16 (14.2 s)",
+        "- target first call ≤ 1 s with a warm cache: missed at matmul 8192x8192x8192 "
+        "float16 (1.5 s)",
+        "- matmul 8192x8192x8192: Triton built 2 C modules into the empty cache, within its figure",
+        f"- autotuned at matmul 8192x8192x8192: {tile} (warm cache: {other})",
+    ]
+    table.calls.pop()
+    assert table.verdicts() == [
+        "target first call ≤ 10 s with an empty cache: met",
+        "target first call ≤ 1 s with a warm cache: met",
+    ]
+
+
+@pytest.mark.gpu
+def test_a_warm_cache_compiles_nothing_again_on_gpu():
+    from course_lib.bench.first_call import MEASURED, Case, first_call
+
+    measured = first_call(Case("matmul", (512, 384, 256), "float16"), timeout_s=300)
+    assert measured.empty.outcome == measured.warm.outcome == MEASURED
+    assert measured.compiled[0] >= 1 and measured.compiled[1] == 0
+    assert measured.warm.first_s < measured.empty.first_s
+    assert measured.empty.second_ms < 1e3 * measured.empty.first_s
+
+
+# the linear suite's transformer shapes, and conv2d against cuDNN's own autotuner
+
+
+def test_the_transformer_shapes_and_their_targets(tmp_path, capsys):
+    from course_lib.bench import suites
+
+    shapes = suites.TRANSFORMER_SHAPES
+    assert len(shapes) == 13 and (16384, 11008, 4096) in shapes and (4096, 768, 3072) in shapes
+    for shape in shapes:
+        ratios = [t.ratio for t in suites.TRANSFORMER_TARGETS if t.where(shape)]
+        assert ratios == ([0.9] if shape == (1024, 1024, 1024) else [0.95]), shape
+    # the section can be run alone
+    assert suites.SUITE_PARTS["linear_transformer"] is suites.linear_transformer_suite
+    if runtime.INTERPRETED:
+        assert bench_main(["--only", "linear_transformer", "--out", str(tmp_path / "b")]) == 0
+        assert "Benchmarking needs a GPU" in capsys.readouterr().out
+
+
+def test_cudnn_tuning_runs_on_a_thread_of_its_own_and_leaves_the_flag_as_it_was():
+    import threading
+
+    from course_lib.bench import suites
+
+    saved = torch.backends.cudnn.benchmark
+    thread, flag = suites.with_cudnn_tuning(
+        lambda: (threading.get_ident(), torch.backends.cudnn.benchmark)
+    )
+    assert thread != threading.get_ident() and flag is True
+    assert torch.backends.cudnn.benchmark == saved
+    with pytest.raises(KeyError), suites.cudnn_benchmark(not saved):
+        assert torch.backends.cudnn.benchmark == (not saved)
+        raise KeyError("a sweep that stops half-way")
+    assert torch.backends.cudnn.benchmark == saved
+    for layout, ratio in (("channels-last", 0.8), ("NCHW", 0.9)):
+        (target,) = suites.CUDNN_TUNED_TARGETS[layout]
+        assert (target.baseline, target.ratio) == (suites.CUDNN_TUNED, ratio)
+        assert all(target.where(p) for p in suites.RESNET_LAYERS)
+        assert not target.where(suites.STEM)

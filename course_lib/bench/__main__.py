@@ -14,11 +14,15 @@ from course_lib import runtime
 
 
 def main(argv: list[str] | None = None) -> int:
-    from course_lib.bench.suites import SUITES
+    from course_lib.bench.suites import SUITE_PARTS, SUITES
 
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
-    parser.add_argument("--only", nargs="+", choices=sorted(SUITES), default=sorted(SUITES))
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(SUITES) + sorted(SUITE_PARTS), default=sorted(SUITES),
+        help="the suites to run (all by default); linear_transformer: the linear suite's "
+        "transformer shapes alone",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     course_lib.show_environment()
@@ -28,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from course_lib.bench.sweep import plot_sweep
+    from course_lib.bench.sweep import Sweep, plot_sweep
     from course_lib.bench.timing import copy_bandwidth
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -46,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     report = args.out / "report.md"
     for name in args.only:
-        for sweep in SUITES[name](ceiling):
-            plot_sweep(sweep, path=str(args.out / f"{sweep.name}.png"))
-            sections.append(sweep.table() + f"\n\n![{sweep.name}]({sweep.name}.png)\n")
-            print(sweep.table(), end="\n\n", flush=True)
+        for result in {**SUITES, **SUITE_PARTS}[name](ceiling):
+            section = result.table()
+            print(section, end="\n\n", flush=True)
+            if isinstance(result, Sweep):  # a table of first calls has nothing to plot
+                plot_sweep(result, path=str(args.out / f"{result.name}.png"))
+                section += f"\n\n![{result.name}]({result.name}.png)"
+            sections.append(section + "\n")
             report.write_text("\n".join(sections))  # after each sweep: a long run keeps its part
     print(f"report written to {report}")
     return 0

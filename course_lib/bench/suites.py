@@ -6,11 +6,16 @@ returns its Sweeps. Add a lesson's kernel by adding a suite to SUITES.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import concurrent.futures
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 
 from course_lib import references, runtime
+from course_lib.bench import first_call
+from course_lib.bench.first_call import FirstCallTable
 from course_lib.bench.sweep import (
     Sweep,
     Target,
@@ -22,6 +27,8 @@ from course_lib.bench.sweep import (
 )
 from course_lib.bench.timing import gb_per_s, tflop_per_s
 from course_lib.kernels import add_2d, conv2d, linear, matmul, relu, softmax, vector_add
+
+T = TypeVar("T")
 
 # 2^12..2^18 show where launches dominate; 2^20..2^28 are where bandwidth is judged.
 SIZES = [1 << p for p in (12, 14, 16, 18)] + [1 << p for p in range(20, 29)]
@@ -167,6 +174,10 @@ STEM = (8, 3, 224, 64, 7, 2, 3)
 # input goes through a channels-last copy to the Hopper kernel
 LARGE_BATCH = (256, 128, 28, 128, 3, 1, 1)
 CONV_SHAPES = [*RESNET_LAYERS, STEM, LARGE_BATCH]
+# cuDNN with its own autotuner on. cuDNN keeps the algorithm it chose for a convolution per
+# thread, keyed by the convolution and not by cudnn.benchmark: in one thread, whichever
+# setting meets a shape first decides for both. Those sweeps run on a thread of their own
+CUDNN_TUNED = "torch, cudnn.benchmark"
 CONV_TARGETS = {
     "channels-last": [
         Target("torch", 0.8, lambda p: p in RESNET_LAYERS, "on the ResNet 3x3 layers"),
@@ -175,11 +186,39 @@ CONV_TARGETS = {
     # torch's default layout; any conversion a kernel makes counts in its time
     "NCHW": [Target("torch", 1.0, lambda p: p in RESNET_LAYERS, "on the ResNet 3x3 layers")],
 }
+CUDNN_TUNED_TARGETS = {
+    layout: [Target(CUDNN_TUNED, ratio, lambda p: p in RESNET_LAYERS, "on the ResNet 3x3 layers")]
+    for layout, ratio in (("channels-last", 0.8), ("NCHW", 0.9))
+}
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool) -> Iterator[None]:
+    """torch.backends.cudnn.benchmark set for the `with` block, its old value back after."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def with_cudnn_tuning(fn: Callable[[], T]) -> T:
+    """fn() with cudnn.benchmark on, on a new thread: cuDNN's choices of this thread, made
+    at its default settings, do not carry over."""
+
+    def run() -> T:
+        with cudnn_benchmark(True):
+            return fn()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as thread:
+        return thread.submit(run).result()
 
 
 def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
     """fp16 convolutions against torch (cuDNN) on the same tensors, channels-last (input
-    and weight, as model.to(memory_format=torch.channels_last) leaves them) and NCHW."""
+    and weight, as model.to(memory_format=torch.channels_last) leaves them) and NCHW:
+    cuDNN at its default settings, then on the ResNet layers with cudnn.benchmark on."""
     ceiling = matmul_peak(torch.float16)
     for layout, memory_format in (("channels-last", torch.channels_last),
                                   ("NCHW", torch.contiguous_format)):  # fmt: skip
@@ -203,6 +242,29 @@ def conv2d_suite(ceiling_gbps: float) -> Iterator[Sweep]:
                   make_inputs, throughput, rounds=3)  # fmt: skip
         sweep.targets = CONV_TARGETS[layout]
         yield sweep
+
+        def tuned_inputs(point, make_inputs=make_inputs):
+            inputs = make_inputs(point)
+            # cuDNN times its algorithms on a shape's first call: before anything is timed
+            torch.nn.functional.conv2d(*inputs)
+            torch.cuda.synchronize()
+            return inputs
+
+        tuned = Sweep(f"conv2d ({layout}) against cudnn.benchmark, B x C x H x O x k x "
+                      "stride x padding", torch.float16, ceiling, unit="TFLOP/s",
+                      ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+        tuned.targets = CUDNN_TUNED_TARGETS[layout]
+        yield with_cudnn_tuning(
+            lambda tuned=tuned, tuned_inputs=tuned_inputs, throughput=throughput: run_sweep(
+                tuned,
+                conv2d.conv2d,
+                {CUDNN_TUNED: torch.nn.functional.conv2d},
+                RESNET_LAYERS,
+                tuned_inputs,
+                throughput,
+                rounds=3,
+            )
+        )
 
 
 # (rows, in_features, out_features): a large layer, a small one where the host's cost of a
@@ -271,6 +333,56 @@ def linear_suite(ceiling_gbps: float) -> Iterator[Sweep]:
                          "torch linear alone": torch.nn.functional.linear}  # fmt: skip
             sweep.targets = FUSED_GELU_TARGETS
         yield run_sweep(sweep, kernel, baselines, LINEAR_SHAPES, make_inputs, throughput, 3)
+    yield from linear_transformer_suite(ceiling_gbps)
+
+
+# a transformer's Linear layers, (tokens, in, out): the MLP's two layers of 768-wide models
+# (BERT-base, GPT-2), of 1024-wide ones, and of a 4096-wide one with a gated MLP of 11008
+# (LLaMA-7B), at 4096 and 16384 tokens; and one small layer, where the host's cost shows
+TRANSFORMER_LAYERS = [(768, 3072), (3072, 768), (1024, 4096), (4096, 1024), (4096, 11008),
+                      (11008, 4096)]  # fmt: skip
+SMALL_LAYER = (1024, 1024, 1024)
+TRANSFORMER_SHAPES = [
+    *((tokens, n_in, n_out) for tokens in (4096, 16384) for n_in, n_out in TRANSFORMER_LAYERS),
+    SMALL_LAYER,
+]
+TRANSFORMER_TARGETS = [
+    Target(
+        "torch",
+        0.95,
+        lambda point: point != SMALL_LAYER,
+        f"at every shape but {label(SMALL_LAYER)}",
+    ),
+    Target("torch", 0.9, _at(SMALL_LAYER), f"at {label(SMALL_LAYER)}"),
+]
+
+
+def linear_transformer_suite(ceiling_gbps: float) -> Iterator[Sweep]:
+    """The linear suite's transformer shapes: bf16 Linear layers, the forward and the
+    forward and backward, against nn.Linear's (torch.nn.functional.linear, through autograd
+    for the backward). One median_ms round per point: these products take milliseconds,
+    whose medians are steady, and there are thirteen of them."""
+    dtype = torch.bfloat16
+    ceiling = matmul_peak(dtype)
+    for name, products, requires_grad in (("forward", 1, False), ("forward + backward", 3, True)):
+
+        def throughput(point, ms, products=products):
+            return tflop_per_s(products * references.linear_flops(*point), ms)
+
+        def make_inputs(point, requires_grad=requires_grad):
+            return _layer_inputs(point, dtype, requires_grad)
+
+        sweep = Sweep(f"linear, transformer shapes, {name}, rows x in x out", dtype, ceiling,
+                      unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3")  # fmt: skip
+        sweep.targets = TRANSFORMER_TARGETS
+        if requires_grad:
+            kernel = _forward_backward(linear.linear)
+            baselines = {"torch": _forward_backward(torch.nn.functional.linear)}
+            sweep.launcher = False  # a step is autograd's work as much as the launches
+        else:
+            kernel, baselines = linear.linear, {"torch": torch.nn.functional.linear}
+        yield run_sweep(sweep, kernel, baselines, TRANSFORMER_SHAPES, make_inputs, throughput,
+                        rounds=1)  # fmt: skip
 
 
 # lesson 08: the same kernels as operators inside torch.compile
@@ -640,3 +752,14 @@ def _attention_memory_sweep(ours, naive) -> Sweep:
 
 
 SUITES["attention"] = attention_suite
+
+
+def first_call_suite(ceiling_gbps: float) -> Iterator[FirstCallTable]:
+    """What a new shape's first call costs, in fresh processes (course_lib.bench.first_call)."""
+    torch.cuda.empty_cache()  # what this process keeps from other suites is the children's
+    yield first_call.first_call_table()
+
+
+SUITES["first_call"] = first_call_suite
+# parts of a suite that can be run alone too (--only); a full run runs them in their suite
+SUITE_PARTS = {"linear_transformer": linear_transformer_suite}
