@@ -16,25 +16,24 @@ head in grouped-query attention), and dQ with one program per block of queries. 
 gradient is summed by one program in a fixed order: the same on every run, with no
 atomics. Memory is O(N): o, lse and D besides the inputs and gradients, never the
 [Nq, Nk] scores.
+
+`attention` follows torch.nn.functional.scaled_dot_product_attention. What a call works
+out once (the checks, each kernel's tile and launch) and the autograd Function are in
+attention_plans.py.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
-from torch.autograd.function import once_differentiable
 
-from course_lib import runtime
 from course_lib.gpu_timer import autotune_timer
-from course_lib.kernels._args import cdiv
-from course_lib.kernels._launch import BoundLaunch, LeanLauncher
-from course_lib.kernels._plan import PlanCache, signature, uses_tf32
+from course_lib.kernels import attention_plans as plans
+from course_lib.kernels._launch import LeanLauncher
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-HEAD_DIMS = (16, 32, 64, 128, 256)
+DTYPES, HEAD_DIMS = plans.DTYPES, plans.HEAD_DIMS  # what attention takes
+check_arguments = plans.check_arguments  # course_lib.ops checks before it traces
 # base-2 and natural logarithms: the kernels keep their running statistics in base 2
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -300,197 +299,18 @@ attention_fwd_autotuned = triton.autotune(
     configs=FORWARD_CONFIGS, key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "INPUT_PRECISION"],
     do_bench=autotune_timer,
 )(attention_fwd_kernel)  # fmt: skip
+
+# each kernel[grid], lean (see _launch.py), handed with the tiles to the plans that bind
+# them once per signature of a call (see attention_plans.py)
 forward_launcher = LeanLauncher(attention_fwd_kernel)
 forward_autotuned_launcher = LeanLauncher(attention_fwd_autotuned)
 delta_launcher = LeanLauncher(attention_bwd_delta_kernel)
 dkdv_launcher = LeanLauncher(attention_bwd_dkdv_kernel)
 dq_launcher = LeanLauncher(attention_bwd_dq_kernel)
-
-
-def _tiles(table: dict, dtype: torch.dtype, head_dim: int) -> tuple[int, int, int, int]:
-    if runtime.INTERPRETED:
-        return INTERPRETER_TILES
-    return table[head_dim] if dtype in (torch.float16, torch.bfloat16) else WIDE_TILES
-
-
-def _meta(q: torch.Tensor, scale: float, causal: bool, tiles=None) -> dict:
-    meta = dict(
-        QK_SCALE=scale * LOG2E.value, HEAD_DIM=q.shape[-1], CAUSAL=causal,
-        ACC_DTYPE=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        INPUT_PRECISION="tf32" if uses_tf32(q.dtype) else "ieee",
-    )  # fmt: skip
-    if tiles is not None:
-        block_m, block_n, warps, stages = tiles
-        meta |= dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-    return meta
-
-
-# --- the host path: checks and launches worked out once per signature ----------------------
-
-
-def check_arguments(q, k, v, causal, scale) -> None:
-    """Raise a clear error unless q [B, H, Nq, d], k and v [B, Hkv, Nk, d] fit attention."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"attention expects tensors; {name} is a {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"attention: {name} must be [B, heads, N, d], got {list(t.shape)}")
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
-        raise TypeError(
-            f"attention: q, k and v must share one dtype of {names}; got {q.dtype}, "
-            f"{k.dtype}, {v.dtype}"
-        )
-    if q.dtype != torch.float64:  # float64 is for gradcheck, in either mode
-        runtime.require_supported_dtype(q.dtype, "attention")
-    if k.device != q.device or v.device != q.device or q.device.type != runtime.DEVICE.type:
-        raise ValueError(
-            f"attention: q, k and v must all be on {runtime.DEVICE}; got {q.device}, "
-            f"{k.device}, {v.device}"
-        )
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"attention: k and v must be [B, Hkv, Nk, d] with q's B and d; got q "
-            f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
-        )
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"attention: head dimension d={q.shape[-1]}; use one of {HEAD_DIMS}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"attention: q's {q.shape[1]} heads must be a multiple of k's and v's {k.shape[1]}"
-            " (grouped-query attention)"
-        )
-    if k.shape[2] == 0 and q.shape[2] > 0:
-        raise ValueError("attention: no keys (Nk = 0): every query's softmax would be empty")
-    if type(causal) is not bool:
-        raise TypeError(f"attention: causal must be True or False, got {causal!r}")
-    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
-        raise TypeError(f"attention: scale must be a finite number or None, got {scale!r}")
-
-
-class ForwardPlan:
-    """attention's forward for q, k, v laid out like these: checked once, and its launch
-    bound (see BoundLaunch)."""
-
-    def __init__(self, q, k, v, causal: bool, scale: float | None):
-        check_arguments(q, k, v, causal, scale)
-        self.scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-        (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
-        self.shape = (B, H, n_q, d)
-        self.lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        self.empty = B * H * n_q == 0
-        self.sizes = (*q.stride(), *k.stride(), *v.stride(), H * n_q * d, n_q * d, d,
-                      B, H, n_q, n_k, H // max(h_kv, 1))  # fmt: skip
-        tuned = not runtime.INTERPRETED and d <= 128 and q.dtype in (torch.float16, torch.bfloat16)
-        if tuned and n_q * n_k >= TUNED_FROM:
-            grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)  # noqa: E731
-            self.launch = BoundLaunch(
-                forward_autotuned_launcher, grid, _meta(q, self.scale, causal)
-            )
-        else:
-            tiles = _tiles(FORWARD_TILES, q.dtype, d)
-            meta = _meta(q, self.scale, causal, tiles)
-            self.launch = BoundLaunch(forward_launcher, (cdiv(n_q, tiles[0]), B * H), meta)
-
-    def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-        o = q.new_empty(self.shape)
-        lse = q.new_empty(self.shape[:3], dtype=self.lse_dtype)
-        if not self.empty:
-            self.launch(q, k, v, o, lse, *self.sizes)
-        return o, lse
-
-
-class BackwardPlan:
-    """attention's backward for tensors laid out like these: D's pre-pass, then the dK/dV
-    and the dQ kernels, each launch bound once."""
-
-    def __init__(self, do, q, k, v, o, lse, causal: bool, scale: float):
-        (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
-        self.shapes = (q.shape, k.shape, (B, H, n_q))
-        self.empty = q.numel() == 0 or k.numel() == 0
-        group = H // max(h_kv, 1)
-        meta = _meta(q, scale, causal)
-        block = _tiles(DQ_TILES, q.dtype, d)[0]
-        delta_meta = dict(HEAD_DIM=d, BLOCK_M=block, ACC_DTYPE=meta["ACC_DTYPE"])
-        self.delta = BoundLaunch(delta_launcher, (cdiv(n_q, block), B * H), delta_meta)
-        self.delta_sizes = (*o.stride()[:3], *do.stride(), H, n_q)
-        strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-        dkdv = _tiles(DKDV_TILES, q.dtype, d)
-        self.dkdv = BoundLaunch(dkdv_launcher, (cdiv(n_k, dkdv[1]), B * h_kv),
-                                _meta(q, scale, causal, dkdv) | dict(SCALE=scale))  # fmt: skip
-        self.dkdv_sizes = (*strides, h_kv * n_k * d, n_k * d, d, h_kv, n_q, n_k, group)
-        dq = _tiles(DQ_TILES, q.dtype, d)
-        self.dq = BoundLaunch(dq_launcher, (cdiv(n_q, dq[0]), B * H),
-                              _meta(q, scale, causal, dq) | dict(SCALE=scale))  # fmt: skip
-        self.dq_sizes = (*strides, H * n_q * d, n_q * d, d, H, n_q, n_k, group)
-        self.delta_dtype = lse.dtype
-
-    def __call__(self, do, q, k, v, o, lse):
-        dq = q.new_empty(self.shapes[0])
-        dk = k.new_empty(self.shapes[1])
-        dv = k.new_empty(self.shapes[1])
-        if self.empty:
-            return dq.zero_(), dk.zero_(), dv.zero_()
-        delta = q.new_empty(self.shapes[2], dtype=self.delta_dtype)
-        self.delta(o, do, delta, *self.delta_sizes)
-        self.dkdv(q, k, v, do, lse, delta, dk, dv, *self.dkdv_sizes)
-        self.dq(q, k, v, do, lse, delta, dq, *self.dq_sizes)
-        return dq, dk, dv
-
-
-_plans, _backward_plans = PlanCache(), PlanCache()
-
-
-def _scale_key(scale) -> str | None:
-    """The scale as a plan's key: its exact value, as text (a float keys no plan)."""
-    return None if scale is None else float(scale).hex() if isinstance(scale, int | float) else "?"
-
-
-def _plan(q, k, v, causal, scale) -> ForwardPlan:
-    # causal=1 would find causal=True's plan (1 == True) and skip the checks that refuse it
-    key = signature((q, k, v), (causal if type(causal) is bool else "?", _scale_key(scale)))
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans.put(key, ForwardPlan(q, k, v, causal, scale))
-    return plan
-
-
-def forward(q, k, v, causal: bool = False, scale: float | None = None):
-    """(o, lse): attention's output, like q, and the natural-log logsumexp of each query's
-    scaled scores, [B, H, Nq] float32 (float64 for float64 inputs)."""
-    return _plan(q, k, v, causal, scale)(q, k, v)
-
-
-def backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
-    """(dq, dk, dv) for the output's gradient do, from the forward's o and lse; dk and dv
-    [B, Hkv, Nk, d], summed over the query heads that share a kv head."""
-    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    # the kernels read o's rows and lse adjacent (a saved-tensor hook may lay them out anew)
-    o = o if o.stride(-1) == 1 else o.contiguous()
-    lse = lse if lse.is_contiguous() else lse.contiguous()
-    key = signature((do, q, k, v, o, lse), (causal, _scale_key(scale)))
-    plan = _backward_plans.get(key)
-    if plan is None:
-        plan = _backward_plans.put(key, BackwardPlan(do, q, k, v, o, lse, causal, scale))
-    return plan(do, q, k, v, o, lse)
-
-
-class AttentionFunction(torch.autograd.Function):
-    """Flash attention with its backward in Triton. Saves q, k, v, o and lse: O(N)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, plan=None):
-        plan = plan or _plan(q, k, v, causal, scale)
-        o, lse = plan(q, k, v)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, plan.scale
-        return o
-
-    @staticmethod
-    @once_differentiable  # the backward's kernels record no graph of their own
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        return *backward(do, q, k, v, o, lse, ctx.causal, ctx.scale), None, None, None
+KERNELS = plans.Kernels(
+    forward_launcher, forward_autotuned_launcher, delta_launcher, dkdv_launcher, dq_launcher,
+    FORWARD_TILES, DKDV_TILES, DQ_TILES, WIDE_TILES, INTERPRETER_TILES, TUNED_FROM,
+)  # fmt: skip
 
 
 def attention(
@@ -503,7 +323,24 @@ def attention(
     float64. `causal` as SDPA's is_causal: query i sees keys j <= i. scale defaults to
     1/sqrt(d). float32 uses TF32 where torch's matmuls would (allow_tf32, or the newer
     fp32_precision settings)."""
-    plan = _plan(q, k, v, causal, scale)
+    # the checks, the tile, the grid and the bound launch, worked out on the first call with
+    # tensors laid out like these; each call allocates o and lse and launches
+    plan = plans.forward_plan(q, k, v, causal, scale, KERNELS)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return plan(q, k, v)[0]  # nothing to differentiate: no autograd bookkeeping, no lse kept
-    return AttentionFunction.apply(q, k, v, causal, scale, plan)
+    return plans.AttentionFunction.apply(q, k, v, causal, scale, plan)
+
+
+# the forward and the backward apart, for course_lib.ops's operators
+
+
+def forward(q, k, v, causal: bool = False, scale: float | None = None):
+    """(o, lse): attention's output, like q, and the natural-log logsumexp of each query's
+    scaled scores, [B, H, Nq] float32 (float64 for float64 inputs)."""
+    return plans.forward_plan(q, k, v, causal, scale, KERNELS)(q, k, v)
+
+
+def backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None):
+    """(dq, dk, dv) for the output's gradient do, from the forward's o and lse; dk and dv
+    [B, Hkv, Nk, d], summed over the query heads that share a kv head."""
+    return plans.backward(do, q, k, v, o, lse, causal, scale, KERNELS)
