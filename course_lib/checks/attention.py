@@ -549,8 +549,10 @@ def _autograd_cases(seed: int) -> list[Case]:
         (2, 1, 100, 100, 16, torch.float32, "not a multiple of the block", True, None),
         (1, 2, 40, 77, 64, torch.float32, "fewer queries than keys", True, None),
     ]
+    # d = 32, not 64: at d = 64 a saved base-2 lse shrinks the gradients by about scale
+    # (1/8), which 16-bit tolerances cannot tell from the scale applied twice
     for dtype in runtime.DTYPES[1:]:
-        rows += [(1, 2, 61, 61, 64, dtype, "prime", causal, None) for causal in (False, True)]
+        rows += [(1, 2, 61, 61, 32, dtype, "prime", causal, None) for causal in (False, True)]
     cases = []
     for b, h, n_q, n_k, d, dtype, why, causal, scale in rows:
         inputs = _inputs(generator, b, h, n_q, n_k, d, dtype, grad=True)
