@@ -376,7 +376,7 @@ def test_the_first_call_report_names_the_cases_that_miss_each_target():
         "- target first call ≤ 1 s with a warm cache: missed at matmul 8192x8192x8192 "
         "float16 (1.5 s)",
         "- matmul 8192x8192x8192: Triton built 2 C modules into the empty cache, within its figure",
-        f"- autotuned at matmul 8192x8192x8192: {tile} (warm cache: {other})",
+        f"- tiles at matmul 8192x8192x8192: {tile} (warm cache: {other})",
     ]
     table.calls.pop()
     assert table.verdicts() == [

@@ -250,7 +250,7 @@ def test_matmul_awkward_large_shape_on_gpu(dtype):
 @pytest.mark.gpu
 def test_matmul_tunes_each_layout_of_its_operands_on_its_own():
     # at the same sizes a row-major and a K-major B want different tiles: each gets its own
-    # tuning, not the one the other layout left behind (sizes no other test uses)
+    # choice (tuned, or from the tile table), not the one the other layout left behind
     M, N, K = 515, 1031, 771
     a = torch.randn(M, K, device=DEVICE, dtype=torch.float16)
     b = torch.randn(K, N, device=DEVICE, dtype=torch.float16)

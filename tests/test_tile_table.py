@@ -74,19 +74,43 @@ def test_only_entries_with_the_same_layout_dtype_size_options_and_kernel_count(t
 def test_a_choice_is_settled_before_the_autotuner_would_time_anything(tuner, monkeypatch):
     monkeypatch.setattr(runtime, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setitem(tile_table._tables, 0, [_entry((1024, 1024, 1024), LARGE)])
+    monkeypatch.setattr(tile_table, "_table", lambda device: [_entry((1024, 1024, 1024), LARGE)])
     x = torch.empty(8, dtype=torch.float16)
     named = {"x_ptr": x, "M": 1000, "N": 1000, "K": 1000, "stride_k": 1, "DEPTH": 3}
-    tile_table.settle_from_table(tuner, named)
+    assert tile_table.settle_from_table(tuner, named) is False  # nothing to time
     assert tuner.cache == {(1000, 1000, 1000, 1, 3, "torch.float16"): CONFIGS[1]}
     # a choice the autotuner has already made stays
     tuner.cache[(1000, 1000, 1000, 1, 3, "torch.float16")] = CONFIGS[0]
-    tile_table.settle_from_table(tuner, named)
+    assert tile_table.settle_from_table(tuner, named) is False
     assert tuner.cache[(1000, 1000, 1000, 1, 3, "torch.float16")] is CONFIGS[0]
-    # while measuring, the table is not read
+    # a shape past the table's reach, or any new key while measuring, is timed
+    assert tile_table.settle_from_table(tuner, named | {"M": 16}) is True
     with tile_table.measuring():
-        tile_table.settle_from_table(tuner, named | {"M": 999})
+        assert tile_table.settle_from_table(tuner, named | {"M": 999}) is True
     assert len(tuner.cache) == 1
+
+
+def test_a_measured_shape_stands_only_for_shapes_a_few_octaves_away(tuner):
+    table = [_entry((1024, 1024, 1024), SMALL)]
+    reach = 2**tile_table.MAX_OCTAVES
+    assert choice(tuner, _key(1024 // reach, 1024, 1024), table) is CONFIGS[0]
+    assert choice(tuner, _key(1024 // reach - 1, 1024, 1024), table) is None
+    assert choice(tuner, _key(1024, 1024 * reach + 16, 1024), table) is None
+
+
+def test_the_key_is_the_one_the_autotuner_keeps_its_choice_under():
+    # run by Triton (in the interpreter, timed by a stub): the key it files its choice under
+    # is the one tuning_key builds from the arguments by name, positional ones first
+    from course_lib import triton_internals
+
+    stub_timer = lambda kernel_call, quantiles=None: (kernel_call(), [1.0] * len(quantiles))[1]
+    tuner = triton.autotune(configs=CONFIGS, key=["M", "K", "stride_k", "DEPTH"],
+                            do_bench=stub_timer)(_kernel)  # fmt: skip
+    x = torch.empty(32, dtype=torch.bfloat16, device=runtime.DEVICE)
+    args, meta = (x, 7, 9, 11, 13), {"DEPTH": 5}
+    tuner[(1,)](*args, **meta)
+    named = {**dict(zip(tuner.arg_names, args)), **meta}
+    assert list(tuner.cache) == [triton_internals.tuning_key(tuner, named)]
 
 
 def test_measuring_records_each_choice_once_with_the_fastest_timings(tuner):
@@ -149,4 +173,8 @@ def test_a_shipped_table_names_only_configs_its_kernels_have(path):
         tuner = tuners[entry["kernel"]]
         configs = [config_entry(c) for c in tuner.configs]
         assert entry["config"] in configs, f"{path.name}: {entry} is stale; measure it again"
-        assert set(entry["sizes"]) == set(tile_table.SIZES[entry["kernel"]])
+        # a key changed since (a parameter added or renamed) would match no call
+        sizes = tile_table.SIZES[entry["kernel"]]
+        assert set(entry["sizes"]) == set(sizes)
+        others = {k for k in tuner.keys if k not in sizes} | {"dtypes"}
+        assert set(entry["exact"]) == others, f"{path.name}: {entry} is stale; measure it again"

@@ -327,7 +327,7 @@ class FirstCallTable:
                 again = (
                     f" (warm cache: {warm.tuned})" if warm.tuned not in ("", empty.tuned) else ""
                 )
-                notes.append(f"autotuned at {name}: {empty.tuned}{again}")
+                notes.append(f"tiles at {name}: {empty.tuned}{again}")
         return "\n".join(lines + [""] + [f"- {note}" for note in notes])
 
     @staticmethod

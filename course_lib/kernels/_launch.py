@@ -161,9 +161,10 @@ class LeanLauncher:
         if not self.tuned:
             return self.kernel[grid](*args, **meta), {}
         named = self.named_arguments(args, meta, {})
-        tile_table.settle_from_table(self.kernel, named)  # a measured tile, if there is one
+        timing = tile_table.settle_from_table(self.kernel, named)  # a measured tile, if any
         compiled = self.kernel[grid](*args, **meta)
-        tile_table.record_choice(self.kernel, named)
+        if timing:
+            tile_table.record_choice(self.kernel, named)
         return compiled, self.kernel.best_config.all_kwargs()
 
     def named_arguments(self, args: tuple, meta: dict, config: dict) -> dict:

@@ -35,7 +35,7 @@ from course_lib.kernels._launch import LeanLauncher
 DTYPES, HEAD_DIMS = plans.DTYPES, plans.HEAD_DIMS  # what attention takes
 check_arguments = plans.check_arguments  # course_lib.ops checks before it traces
 # base-2 and natural logarithms: the kernels keep their running statistics in base 2
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LOG2E: tl.constexpr = tl.constexpr(plans.LOG2E)  # the host folds it into the scale too
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 

@@ -1,9 +1,9 @@
 """The host path of lesson 10's flash attention: what `attention` (attention.py) works out
 once per signature of its arguments and keeps (see _plan.py). The checks; each kernel's
-tile (the forward's autotuned on a GPU for long sequences) and its launch, bound once; the
-backward's three launches; and `AttentionFunction`, which joins forward and backward for
-autograd. attention.py hands in its launchers and tile tables (`Kernels`), so that nothing
-here imports it back.
+tile (the forward's autotuned on a GPU for long sequences, or taken from its tile table:
+see tile_table.py) and its launch, bound once; the backward's three launches; and
+`AttentionFunction`, which joins forward and backward for autograd. attention.py hands in
+its launchers and tile tables (`Kernels`), so that nothing here imports it back.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ Tile = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 class Kernels(NamedTuple):
     """attention.py's launchers and tiles: a table of tiles by head dimension per kernel,
     for 2-byte inputs; `wide_tile` for 4- and 8-byte ones; `interpreter_tile` in the
-    interpreter; the forward autotuned instead, on a GPU, from `tuned_from` = Nq·Nk."""
+    interpreter; the forward autotuned instead (see tile_table.py), on a GPU, from
+    `tuned_from` = Nq·Nk."""
 
     forward: LeanLauncher
     forward_autotuned: LeanLauncher

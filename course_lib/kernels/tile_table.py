@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import triton
 
 from course_lib import runtime, triton_internals
 from course_lib.triton_internals import Autotuner
@@ -41,26 +42,34 @@ SIZES = {
     "attention_fwd_kernel": ("N_Q", "N_K"),
 }
 
+# A measured shape stands for others up to this many octaves away in each size; past it
+# (one row against a table of square products, say) the autotuner times the configs
+MAX_OCTAVES = 3
+
 # while measuring (see `measuring`): each choice the autotuners made, as a table entry
 _measured: list[dict] | None = None
-_tables: dict[int, list[dict]] = {}  # by device, read once
+_tables: dict[Path | None, list[dict]] = {}  # by file, read once
 
 
-def settle_from_table(tuner: Autotuner, named: dict) -> None:
+def settle_from_table(tuner: Autotuner, named: dict) -> bool:
     """Before `tuner` launches with these arguments (by name, constexprs included): where
-    it has no choice yet for their key and the table has one, make that its choice."""
-    if _measured is not None or runtime.INTERPRETED:
-        return
+    it has no choice yet for their key and the table has one, make that its choice.
+    Whether the tuner will time its configs for this launch (no choice either way).
+    A choice once made stays for the process, whatever COURSE_TILE_TABLE says later."""
     key = triton_internals.tuning_key(tuner, named)
     if key in tuner.cache:
-        return
-    config = choice(tuner, key, _table(torch.cuda.current_device()))
-    if config is not None:
-        triton_internals.settle(tuner, key, config)
+        return False
+    if _measured is None and not runtime.INTERPRETED:
+        config = choice(tuner, key, _table(torch.cuda.current_device()))
+        if config is not None:
+            triton_internals.settle(tuner, key, config)
+            return False
+    return True
 
 
 def record_choice(tuner: Autotuner, named: dict) -> None:
-    """After `tuner` launched with these arguments: while measuring, note what it chose."""
+    """After `tuner` timed its configs for a launch with these arguments (see
+    settle_from_table): while measuring, note what it chose."""
     if _measured is None:
         return
     sizes, exact = split_key(tuner, triton_internals.tuning_key(tuner, named))
@@ -86,10 +95,11 @@ def measuring() -> Iterator[list[dict]]:
         _measured = saved
 
 
-def choice(tuner: Autotuner, key: tuple, table: list[dict]):
+def choice(tuner: Autotuner, key: tuple, table: list[dict]) -> triton.Config | None:
     """The config of `tuner` that `table` chooses for `key`: that of the entry for the same
     kernel and exact part of the key nearest in sizes (the sum of the octaves between them;
-    the first of equals), among entries naming one of the tuner's configs. None if none."""
+    the first of equals), among entries naming one of the tuner's configs and no more than
+    MAX_OCTAVES from the key in any size. None if none."""
     sizes, exact = split_key(tuner, key)
     configs = {json.dumps(config_entry(c), sort_keys=True): c for c in tuner.configs}
     best, best_distance = None, math.inf
@@ -99,8 +109,9 @@ def choice(tuner: Autotuner, key: tuple, table: list[dict]):
         config = configs.get(json.dumps(entry["config"], sort_keys=True))
         if config is None:  # measured for a config the kernel no longer has
             continue
-        distance = sum(abs(_octaves(sizes[k]) - _octaves(entry["sizes"].get(k, 1))) for k in sizes)
-        if distance < best_distance:
+        apart = [abs(_octaves(sizes[k]) - _octaves(entry["sizes"].get(k, 1))) for k in sizes]
+        distance = sum(apart)
+        if distance < best_distance and max(apart, default=0) <= MAX_OCTAVES:
             best, best_distance = config, distance
     return best
 
@@ -129,9 +140,10 @@ def config_entry(config) -> dict:
 
 
 def _table(device: int) -> list[dict]:
-    if device not in _tables:
-        _tables[device] = read_table(_table_path(device))
-    return _tables[device]
+    path = _table_path(device)
+    if path not in _tables:
+        _tables[path] = read_table(path)
+    return _tables[path]
 
 
 def _table_path(device: int) -> Path | None:
@@ -159,9 +171,10 @@ def read_table(path: Path | None) -> list[dict]:
         return []
     try:
         entries = json.loads(path.read_text())["entries"]
-        for entry in entries:
-            entry["kernel"], entry["sizes"], entry["exact"], entry["config"]  # noqa: B018
-    except (ValueError, KeyError, TypeError) as err:
+        missing = [e for e in entries if not {"kernel", "sizes", "exact", "config"} <= e.keys()]
+        if missing:
+            raise KeyError(f"an entry lacks kernel, sizes, exact or config: {missing[0]}")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(
             f"{path} is not a tile table ({err!r}); measure one with "
             "python -m course_lib.bench.tile_search, or set COURSE_TILE_TABLE=off"
