@@ -29,10 +29,12 @@ import torch
 from course_lib import gpu_timer, runtime
 from course_lib.kernels import tile_table
 
-# (M, N, K) of plain products: cubes, and the long and flat shapes between them
+# (M, N, K) of plain products: cubes, the long and flat shapes between them, and a few rows
+# against large matrices (a batch of tokens through a layer), which the cubes are too far
+# from to stand for (tile_table.MAX_OCTAVES)
 PRODUCTS = [(512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
             (8192, 8192, 8192), (4096, 4096, 1024), (1024, 1024, 4096), (8192, 8192, 2048),
-            (2048, 2048, 8192)]  # fmt: skip
+            (2048, 2048, 8192), (16, 4096, 4096), (64, 8192, 8192)]  # fmt: skip
 # (tokens, in, out) of Linear layers: transformer MLPs and projections, and the benchmark's
 LAYERS = [(tokens, i, o) for tokens in (4096, 16384)
           for i, o in ((768, 3072), (3072, 768), (1024, 4096), (4096, 1024), (4096, 11008),
