@@ -178,3 +178,25 @@ def test_a_shipped_table_names_only_configs_its_kernels_have(path):
         assert set(entry["sizes"]) == set(sizes)
         others = {k for k in tuner.keys if k not in sizes} | {"dtypes"}
         assert set(entry["exact"]) == others, f"{path.name}: {entry} is stale; measure it again"
+
+
+@pytest.mark.gpu
+def test_a_shape_the_table_covers_times_no_config(monkeypatch):
+    from course_lib import gpu_timer
+    from course_lib.kernels import matmul
+
+    device = torch.cuda.current_device()
+    if not tile_table.read_table(tile_table._table_path(device)):
+        pytest.skip(f"no tile table for this GPU ({tile_table.gpu_kind(device)})")
+    timed = []
+    monkeypatch.setattr(gpu_timer, "median_ms", lambda fn, **_: timed.append(fn) or 1.0)
+    M, N, K = 1000, 1016, 1008  # sizes no other test uses, near the table's 1024^3
+    a = torch.randn(M, K, device=runtime.DEVICE, dtype=torch.float16)
+    b = torch.randn(K, N, device=runtime.DEVICE, dtype=torch.float16)
+    c = matmul.matmul(a, b)
+    assert timed == [], "the autotuner timed configs for a shape its table covers"
+    tuned = matmul.matmul_kernel_autotuned.cache
+    chosen = [config for key, config in tuned.items() if key[:3] == (M, N, K)]
+    assert len(chosen) == 1
+    expected = a.float() @ b.float()
+    assert (c.float() - expected).norm() / expected.norm() < 1e-2
