@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import triton
 
 from course_lib import gpu_timer, runtime
 from course_lib.kernels import tile_table
@@ -56,6 +57,10 @@ def _randn(*shape, dtype):
 def matmul_calls() -> Iterator[Callable[[], object]]:
     from course_lib.kernels.matmul import matmul
 
+    def product(a, b, tf32: bool):
+        with runtime.tf32(tf32):  # which the finished matmul reads
+            return matmul(a, b)
+
     # (dtype, TF32 or not): 16-bit, and float32 both ways; fp16 and bf16 share their tiles
     for dtype, tf32 in ((torch.float16, False), (torch.float32, False), (torch.float32, True)):
         for M, N, K in PRODUCTS:
@@ -64,9 +69,7 @@ def matmul_calls() -> Iterator[Callable[[], object]]:
             a, b = _randn(M, K, dtype=dtype), _randn(K, N, dtype=dtype)
             # row-major operands, a K-major B (x @ W^T), an M-major A (g^T @ x)
             for left, right in ((a, b), (a, b.t().contiguous().t()), (a.t().contiguous().t(), b)):
-                yield lambda left=left, right=right, tf32=tf32: _with_tf32(
-                    tf32, matmul, left, right
-                )
+                yield lambda left=left, right=right, tf32=tf32: product(left, right, tf32)
 
 
 def linear_calls() -> Iterator[Callable[[], object]]:
@@ -104,15 +107,6 @@ KERNELS = {"matmul": matmul_calls, "linear": linear_calls, "conv2d": conv2d_call
            "attention": attention_calls}  # fmt: skip
 
 
-def _with_tf32(tf32: bool, fn, *args):
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        return fn(*args)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 def search(names: list[str], out: Path | None, part: tuple[int, int] = (0, 1)) -> list[dict]:
     """Call each kernel's workloads (of those numbered i mod n == k, for part (k, n)) with
     the table off; the choices made, saved to `out` after each kernel where given."""
@@ -135,8 +129,6 @@ def search(names: list[str], out: Path | None, part: tuple[int, int] = (0, 1)) -
 
 def _save(entries: list[dict], out: Path) -> None:
     props = torch.cuda.get_device_properties(0)
-    import triton
-
     table = {"gpu": props.name, "kind": tile_table.gpu_kind(0), "triton": triton.__version__,
              "torch": torch.__version__, "entries": entries}  # fmt: skip
     out.write_text(json.dumps(table, indent=1) + "\n")
