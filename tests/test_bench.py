@@ -304,6 +304,11 @@ def test_the_childs_measurement_runs_the_kernel_at_a_tiny_size(kernel, shape, dt
     # the third call launched the course's kernels: the record is the kernel's, not torch's
     assert record["launches"] >= (3 if variant == "forward + backward" else 1)
     assert isinstance(record["tuned"], str)
+    # torch's side launches none of them
+    theirs = measure(Case(kernel, shape, dtype, variant), side="torch")
+    assert theirs["first_s"] > 0 and theirs["launches"] == 0 and theirs["tuned"] == ""
+    with pytest.raises(ValueError, match="side is 'course' or 'torch', got 'cuBLAS'"):
+        measure(Case(kernel, shape, dtype, variant), side="cuBLAS")
 
 
 def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsys):
@@ -314,6 +319,7 @@ def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsy
     for process in (measured.empty, measured.warm):
         assert process.outcome == MEASURED, process.detail
         assert process.import_s > 0 and process.first_s > 0 and process.launches == 1
+    assert measured.theirs.outcome == MEASURED and measured.theirs.launches == 0
     # without a GPU nothing compiles; on one the first process compiles what the second reuses
     assert measured.compiled[1] == 0
     # the row is printed as soon as it is measured, under the table's header
@@ -328,12 +334,13 @@ def test_a_child_past_its_timeout_is_reported_and_not_measured_again():
     case = Case("matmul", (23, 13, 9), "float32")
     measured = first_call(case, timeout_s=0.01)  # not even Python's imports fit
     assert (measured.empty.outcome, measured.empty.detail) == (TIMED_OUT, "after 0.01 s")
-    assert measured.warm.outcome == NOT_RUN
+    assert measured.warm.outcome == NOT_RUN and measured.theirs.outcome == TIMED_OUT
     table = FirstCallTable("first call: matmul", [measured]).table()
     assert (
-        "| matmul 23x13x9 | float32 | timed out | timed out | not run | 0 / — | timed out |"
-        in table
+        "| matmul 23x13x9 | float32 | timed out | timed out | not run | timed out | 0 / — "
+        "| timed out |" in table
     )
+    assert "- matmul 23x13x9, torch: timed out, after 0.01 s" in table
     assert (
         "- target first call ≤ 10 s with an empty cache: missed at matmul 23x13x9 float32 "
         "(timed out)" in table
@@ -362,14 +369,18 @@ def test_the_first_call_report_names_the_cases_that_miss_each_target():
     table = FirstCallTable(
         "first call: matmul",
         [
-            FirstCall(Case("matmul", (1000,) * 3, "float16"), process(3.2), process(0.4), (1, 0)),
+            FirstCall(Case("matmul", (1000,) * 3, "float16"), process(3.2), process(0.4), (1, 0),
+                      theirs=process(0.21)),
             FirstCall(Case("matmul", (8192,) * 3, "float16"), process(14.23, tile),
                       process(1.52, other), (11, 0), c_modules=2),
         ],
     )  # fmt: skip
     lines = table.table().splitlines()
-    assert "| matmul 1000x1000x1000 | float16 | 4.2 | 3.20 | 0.40 | 1 / 0 | 0.31 |" in lines
-    assert "| matmul 8192x8192x8192 | float16 | 4.2 | 14.23 | 1.52 | 11 / 0 | 0.31 |" in lines
+    assert "| matmul 1000x1000x1000 | float16 | 4.2 | 3.20 | 0.40 | 0.21 | 1 / 0 | 0.31 |" in lines
+    assert (
+        "| matmul 8192x8192x8192 | float16 | 4.2 | 14.23 | 1.52 | not run | 11 / 0 | 0.31 |"
+        in lines
+    )
     assert lines[-4:] == [
         "- target first call ≤ 10 s with an empty cache: missed at matmul 8192x8192x8192 "
         "float16 (14.2 s)",

@@ -981,3 +981,41 @@ def test_conv2d_measures_a_view_by_how_far_its_strides_reach():
     view = torch.empty_strided((1, 17, 2, 2), (0, 2**27, 2, 1), device="meta")
     assert conv2d_fast_paths._reach(view) == 16 * 2**27 + 3 >= 2**31
     assert conv2d_fast_paths._reach(torch.empty(2, 3, 4, 5, device="meta")) == 59
+
+
+# What a first call imports. torch runs some meta-device operations (torch.empty_like on a
+# meta tensor among them) through its Python references, whose first use imports sympy:
+# measured on an H200, 2.5 s of a conv2d's first call. The finished kernels' host paths
+# keep clear of them; a new shape's first call stays the kernels' own cost.
+_FIRST_CALLS = """
+import sys, torch
+import course_lib
+from course_lib.kernels import attention, conv2d, layer_norm, linear, matmul, softmax
+d, large = course_lib.DEVICE, not course_lib.runtime.INTERPRETED
+dtype = torch.float16 if large else torch.float32
+r = lambda *shape: torch.randn(*shape, device=d, dtype=dtype)
+n = 1024 if large else 37
+matmul.matmul(r(n, n), r(n, n))
+for layout in (torch.channels_last, torch.contiguous_format):  # TMA, then the timed route
+    x = r(32, 256, 14, 14) if large else r(2, 3, 7, 7)
+    w = r(256, 256, 3, 3) if large else r(4, 3, 3, 3)
+    conv2d.conv2d(x.contiguous(memory_format=layout), w.contiguous(memory_format=layout), None, 1, 1)
+x, w = r(4 * n, n).requires_grad_(), r(n, n).requires_grad_()
+linear.linear(x, w, r(n).requires_grad_(), "gelu").sum().backward()
+q = r(1, 2, 4 * n, 64).requires_grad_()
+attention.attention(q, q, q, causal=True).sum().backward()
+softmax.softmax(r(n, 3 * n))
+layer_norm.layer_norm(r(n, n), (n,), r(n), r(n))
+torch.cuda.synchronize() if large else None
+print(sorted(m for m in sys.modules if m.split(".")[0] == "sympy")[:3])
+"""
+
+
+def test_a_first_call_keeps_clear_of_torchs_python_references():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _FIRST_CALLS], capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]", "a first call imported sympy"

@@ -7,6 +7,13 @@ with the same directory, as the next run of a program finds it. The figure is th
 time from just before the first call to after torch.cuda.synchronize; starting Python and
 its imports (torch, triton, the course) are timed apart, and the inputs are made, on the
 GPU, before the clock starts.
+
+Beside them, torch's own operator on the same inputs (torch.matmul, F.linear, F.conv2d,
+F.scaled_dot_product_attention) in a fresh process of its own: torch pays one-time costs
+too, on its first call (cuBLAS's and cuDNN's handles, modules it imports lazily: its
+autograd imports sympy for a backward given its output's gradient). The course's processes
+make torch's call once before the clock, as any program that has run torch has, so that
+their figure is the course's kernels' own.
 """
 
 from __future__ import annotations
@@ -80,15 +87,22 @@ def _random(case: Case, *shape: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, device=runtime.DEVICE, dtype=case.torch_dtype) * scale
 
 
-def _matmul(case: Case) -> Callable[[], object]:
+# a case's two calls on the same inputs: the course's kernel's, and torch's operator's
+Calls = tuple[Callable[[], object], Callable[[], object]]
+COURSE, TORCH = "course", "torch"  # whose call a process measures
+
+
+def _matmul(case: Case) -> Calls:
     from course_lib.kernels import matmul
 
     m, n, k = case.shape
     a, b = _random(case, m, k), _random(case, k, n)
-    return lambda: matmul.matmul(a, b, case.variant or None)
+    relu = case.variant == "relu"
+    theirs = (lambda: torch.relu(torch.matmul(a, b))) if relu else (lambda: torch.matmul(a, b))
+    return (lambda: matmul.matmul(a, b, case.variant or None)), theirs
 
 
-def _linear(case: Case) -> Callable[[], object]:
+def _linear(case: Case) -> Calls:
     from course_lib.kernels import linear
 
     rows, n_in, n_out = case.shape
@@ -96,11 +110,14 @@ def _linear(case: Case) -> Callable[[], object]:
     weight = _random(case, n_out, n_in, scale=n_in**-0.5).requires_grad_()
     bias = _random(case, n_out).requires_grad_()
     grad_y = _random(case, rows, n_out)
-    # a training step's work: the forward, then the three gradients
-    return lambda: torch.autograd.grad(linear.linear(x, weight, bias), (x, weight, bias), grad_y)
+
+    def step(forward):  # a training step's work: the forward, then the three gradients
+        return lambda: torch.autograd.grad(forward(x, weight, bias), (x, weight, bias), grad_y)
+
+    return step(linear.linear), step(torch.nn.functional.linear)
 
 
-def _conv2d(case: Case) -> Callable[[], object]:
+def _conv2d(case: Case) -> Calls:
     from course_lib.kernels import conv2d
 
     B, C, H, O, k, stride, padding = case.shape
@@ -110,18 +127,23 @@ def _conv2d(case: Case) -> Callable[[], object]:
     memory_format = layouts[case.variant]
     x = _random(case, B, C, H, H).contiguous(memory_format=memory_format)
     weight = _random(case, O, C, k, k).contiguous(memory_format=memory_format)
-    return lambda: conv2d.conv2d(x, weight, None, stride, padding)
+    ours = lambda: conv2d.conv2d(x, weight, None, stride, padding)
+    return ours, lambda: torch.nn.functional.conv2d(x, weight, None, stride, padding)
 
 
-def _attention(case: Case) -> Callable[[], object]:
+def _attention(case: Case) -> Calls:
     from course_lib.kernels import attention
 
     q, k, v = (_random(case, *case.shape).requires_grad_() for _ in range(3))
     grad_o = _random(case, *case.shape)
-    return lambda: torch.autograd.grad(attention.attention(q, k, v), (q, k, v), grad_o)
+
+    def step(forward):
+        return lambda: torch.autograd.grad(forward(q, k, v), (q, k, v), grad_o)
+
+    return step(attention.attention), step(torch.nn.functional.scaled_dot_product_attention)
 
 
-_BUILDERS: dict[str, Callable[[Case], Callable[[], object]]] = {
+_BUILDERS: dict[str, Callable[[Case], Calls]] = {
     "matmul": _matmul,
     "linear": _linear,
     "conv2d": _conv2d,
@@ -154,14 +176,22 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def measure(case: Case) -> dict:
+def measure(case: Case, side: str = COURSE) -> dict:
     """In this process: the first call's wall seconds with this case's new inputs, the
     second call's milliseconds, and the launches a third call makes (how many, and the
-    tiles its autotuners chose), as a dict for the record."""
+    tiles its autotuners chose), as a dict for the record. `side` is whose call: the
+    course's kernel's (torch's call made once first, off the clock) or torch's."""
     from course_lib.bench.recording import recording_launches
     from course_lib.bench.sweep import tuned_configs
 
-    call = _BUILDERS[case.kernel](case)
+    ours, theirs = _BUILDERS[case.kernel](case)
+    if side == COURSE:
+        theirs()  # torch's one-time costs, paid as a program that has run torch has
+        call = ours
+    elif side == TORCH:
+        call = theirs
+    else:
+        raise ValueError(f"first call: side is {COURSE!r} or {TORCH!r}, got {side!r}")
     _synchronize()  # the inputs are made: the clock starts with the call
     start = time.perf_counter()
     call()
@@ -185,9 +215,9 @@ def measure(case: Case) -> dict:
 def child_main(started: float) -> None:
     """The fresh process's entry point: the case comes as JSON in sys.argv[1]; the record
     goes to stdout on one line. `started` is when the process began its imports."""
-    case = Case(**json.loads(sys.argv[1]))
+    case, side = Case(**json.loads(sys.argv[1])), sys.argv[2]
     importlib.import_module(f"course_lib.kernels.{case.kernel}")
-    record = {"import_s": time.perf_counter() - started, **measure(case)}
+    record = {"import_s": time.perf_counter() - started, **measure(case, side)}
     print(_RECORD_TAG + json.dumps(record), flush=True)
 
 
@@ -220,10 +250,10 @@ class FreshProcess:
 
 
 def run_fresh(
-    case: Case, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S
+    case: Case, cache_dir: str | Path, timeout_s: float = CHILD_TIMEOUT_S, side: str = COURSE
 ) -> FreshProcess:
-    """`case`'s first call in a fresh Python process whose Triton cache is `cache_dir`,
-    killed after `timeout_s` seconds."""
+    """`case`'s first call (`side`'s: see measure) in a fresh Python process whose Triton
+    cache is `cache_dir`, killed after `timeout_s` seconds."""
     root = str(Path(__file__).resolve().parents[2])  # where course_lib is importable from
     path = os.environ.get("PYTHONPATH")
     env = {
@@ -233,7 +263,7 @@ def run_fresh(
     }
     # the child stays in this process group: a `timeout` around the benchmark ends it too
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, json.dumps(asdict(case))],
+        [sys.executable, "-c", _CHILD, json.dumps(asdict(case)), side],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -271,11 +301,14 @@ class FirstCall:
     # kernels that each process compiled: with the cache warm, none should be
     compiled: tuple[int, int] = (0, 0)
     c_modules: int = 0  # C modules the empty-cache process built
+    theirs: FreshProcess = field(default_factory=lambda: FreshProcess(outcome=NOT_RUN))
 
 
 def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
     """`case` in a fresh process with a new, empty Triton cache, then in another fresh
-    process with the cache the first one left."""
+    process with the cache the first one left; and torch's call in a fresh process."""
+    with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
+        theirs = run_fresh(case, cache_dir, timeout_s, side=TORCH)
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
         empty = run_fresh(case, cache_dir, timeout_s)
         compiled_empty, c_modules = _compiled_kernels(cache_dir), _c_modules(cache_dir)
@@ -284,7 +317,7 @@ def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
         else:
             warm = run_fresh(case, cache_dir, timeout_s)
         compiled_warm = _compiled_kernels(cache_dir) - compiled_empty
-    return FirstCall(case, empty, warm, (compiled_empty, compiled_warm), c_modules)
+    return FirstCall(case, empty, warm, (compiled_empty, compiled_warm), c_modules, theirs)
 
 
 @dataclass
@@ -301,14 +334,15 @@ class FirstCallTable:
         """A markdown table, then a line per target, per process not measured, and per
         case the tiles its autotuners chose."""
         header = ["case", "dtype", "imports s", "first call s, empty cache",
-                  "first call s, warm cache", "kernels compiled, empty / warm",
-                  "second call ms"]  # fmt: skip
+                  "first call s, warm cache", "torch's first call s",
+                  "kernels compiled, empty / warm", "second call ms"]  # fmt: skip
         lines = [
             f"**{self.name}** (a new shape's first call in a fresh Python process, wall "
             f"seconds to torch.cuda.synchronize after it: with a new, empty Triton cache, "
-            f"then in a second fresh process with the cache the first left. Imports: "
-            f"torch, triton and the course, in the first process; the second call is the "
-            f"first process's, a sanity check)",
+            f"then in a second fresh process with the cache the first left, each after one "
+            f"call of torch's operator off the clock; torch's operator's first call in a "
+            f"fresh process of its own. Imports: torch, triton and the course, in the first "
+            f"process; the second call is the first process's, a sanity check)",
             "",
             "| " + " | ".join(header) + " |",
             "|" + "---:|" * len(header),
@@ -317,7 +351,8 @@ class FirstCallTable:
         for call in self.calls:
             empty, warm, name = call.empty, call.warm, call.case.label()
             lines.append(self.row(call))
-            for cache, process in (("empty cache", empty), ("warm cache", warm)):
+            processes = (("empty cache", empty), ("warm cache", warm), ("torch", call.theirs))
+            for cache, process in processes:
                 if process.outcome in (TIMED_OUT, FAILED):
                     notes.append(f"{name}, {cache}: {process.outcome}, {process.detail}")
             if call.c_modules:
@@ -333,11 +368,11 @@ class FirstCallTable:
     @staticmethod
     def row(call: FirstCall) -> str:
         """The table's row for one case."""
-        empty, warm = call.empty, call.warm
+        empty, warm, theirs = call.empty, call.warm, call.theirs
         compiled_warm = call.compiled[1] if warm.outcome == MEASURED else "—"
         cells = [call.case.label(), call.case.dtype, empty.cell(empty.import_s, ".1f"),
                  empty.cell(empty.first_s, ".2f"), warm.cell(warm.first_s, ".2f"),
-                 f"{call.compiled[0]} / {compiled_warm}",
+                 theirs.cell(theirs.first_s, ".2f"), f"{call.compiled[0]} / {compiled_warm}",
                  empty.cell(empty.second_ms, ".2f")]  # fmt: skip
         return "| " + " | ".join(cells) + " |"
 

@@ -203,7 +203,7 @@ def _prepare(x, weight, bias, stride, padding, dilation, groups) -> tuple[Callab
     # the output takes x's memory format
     channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((B, O, OH, OW), device="meta", memory_format=memory_format)
+    out = torch.empty((B, O, OH, OW), dtype=x.dtype, device="meta", memory_format=memory_format)
     channels_inner = C >= MIN_CHANNELS_INNER
     args = (x, weight, bias, out, stride, (pt, pl), dilation, channels_inner)
     # empty outputs, copies, views past 32 bits, Hopper's TMA kernel, timed routes

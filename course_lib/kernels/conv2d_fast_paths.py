@@ -139,7 +139,6 @@ def _lesson_route(
 
 def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callable:
     """How the TMA kernel runs this convolution (see conv2d_tma.plan)."""
-    out = torch.empty_like(out, dtype=x.dtype)  # the plan reads its strides
     plan = conv2d_tma.plan(x, weight, bias, out, padding, dilation)
     return lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
 
@@ -198,8 +197,9 @@ def _runs(call: Callable[[], None]) -> bool:
 
 def _copied(t: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:
     """What a copy of `t` in this memory format looks like (shape, strides), on the meta
-    device: no memory is taken."""
-    return torch.empty_like(t, device="meta", memory_format=memory_format)
+    device: no memory is taken. (Not torch.empty_like: on a meta tensor it runs torch's
+    Python reference, whose first use imports sympy, seconds of a first call.)"""
+    return torch.empty(t.shape, dtype=t.dtype, device="meta", memory_format=memory_format)
 
 
 def _bias_only(x, weight, bias, out) -> None:

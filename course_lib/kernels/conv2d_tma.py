@@ -380,9 +380,11 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: 
     out_desc = _box_rules_met(out)
     # the shapes and strides of the copies, on the meta device: no memory is taken
     if copy_x is not None:
-        x = torch.empty_like(x, memory_format=torch.channels_last, device="meta")
+        x = torch.empty(x.shape, dtype=x.dtype, device="meta", memory_format=torch.channels_last)
     if copy_w is not None:
-        weight = torch.empty_like(weight, memory_format=torch.channels_last, device="meta")
+        weight = torch.empty(
+            weight.shape, dtype=weight.dtype, device="meta", memory_format=torch.channels_last
+        )
     (B, C, H, W), (O, _, KH, KW), (OH, OW) = x.shape, weight.shape, out.shape[2:]
     # an output the TMA unit cannot store into still needs a valid descriptor: x's
     views = tuple(_channels_innermost(t) for t in (x, weight, out if out_desc else x))
