@@ -318,7 +318,9 @@ def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsy
     (measured,) = table.calls
     for process in (measured.empty, measured.warm):
         assert process.outcome == MEASURED, process.detail
-        assert process.import_s > 0 and process.first_s > 0 and process.launches == 1
+        assert process.import_s > 0 and process.first_s > 0
+    # one launch in the interpreter; on a GPU, float32's exact route may take more
+    assert measured.empty.launches == measured.warm.launches >= 1
     assert measured.theirs.outcome == MEASURED and measured.theirs.launches == 0
     # without a GPU nothing compiles; on one the first process compiles what the second reuses
     assert measured.compiled[1] == 0
