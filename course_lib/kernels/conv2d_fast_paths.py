@@ -41,15 +41,15 @@ ROUTE_TIMING_CALLS = 20
 # The first route (x read in place) is kept unless the other is clearly better: at most
 # ROUTE_LOOP_GAIN of its time per call in a loop, or at most ROUTE_GPU_GAIN of its GPU time
 # and at most ROUTE_LOOP_SLACK times its time in a loop. Margins, because the host's speed
-# varies from one process to the next: measured on an H200 in four fresh processes, the
-# copied route of ResNet's 14x14 layer took 50 to 78 µs a call in a loop and 26.4 on the
-# GPU's clock, the in-place one 48 to 54 and 44.7. Without margins the choice flipped
-# between processes; the GPU's clock, steady to 1%, keeps it.
+# varies from one process to the next: measured in fresh processes, the copied route of
+# ResNet's 14x14 layer took up to half as long again a call in a loop in one as in another,
+# and the same on the GPU's clock to 1%. Without margins the choice flipped between
+# processes (figures in the appendix to lesson 06 and in tests/test_kernels.py).
 ROUTE_LOOP_GAIN = 0.85
 ROUTE_GPU_GAIN = 0.7
 ROUTE_LOOP_SLACK = 1.6
 # GPU cycles the GPU sleeps before a round timed on its clock alone, while the host queues
-# the round's calls: about 2.5 ms at an H100's clock
+# the round's calls: milliseconds at a data-center GPU's clock
 ROUTE_QUEUE_CYCLES = 5_000_000
 _NO_PLANS = PlanCache()  # looked up by a timed route, as conv2d looks its plans up
 
