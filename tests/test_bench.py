@@ -80,8 +80,8 @@ def test_the_report_names_the_tiles_the_autotuner_chose():
     sweep = _fake_sweep()
     sweep.tuned = ["", tuned]
     lines = sweep.table().splitlines()
-    assert lines[-1] == f"- autotuned at 2^28: {tuned}"
-    assert not any("autotuned at 2^20" in line for line in lines)
+    assert lines[-1] == f"- tiles at 2^28: {tuned}"
+    assert not any("tiles at 2^20" in line for line in lines)
 
 
 def test_targets_name_the_points_and_timings_that_miss():

@@ -129,8 +129,9 @@ class Sweep:
                 us = [r[f"{name} launch us"] for name in self.launch_us]
                 cells.append(" / ".join("—" if math.isnan(u) else f"{u:.1f}" for u in us))
             lines.append("| " + " | ".join(cells) + " |")
+        # the tiles the autotuned kernels ran with: timed there, or taken from a tile table
         notes = self.verdicts() + [
-            f"autotuned at {label(point)}: {tuned}"
+            f"tiles at {label(point)}: {tuned}"
             for point, tuned in zip(self.points, self.tuned)
             if tuned
         ]
