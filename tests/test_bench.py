@@ -321,7 +321,7 @@ def test_a_fresh_process_measures_a_first_call_then_another_its_warm_cache(capsy
         assert process.import_s > 0 and process.first_s > 0
     # one launch in the interpreter; on a GPU, float32's exact route may take more
     assert measured.empty.launches == measured.warm.launches >= 1
-    assert measured.theirs.outcome == MEASURED and measured.theirs.launches == 0
+    assert measured.torch_process.outcome == MEASURED and measured.torch_process.launches == 0
     # without a GPU nothing compiles; on one the first process compiles what the second reuses
     assert measured.compiled[1] == 0
     # the row is printed as soon as it is measured, under the table's header
@@ -336,7 +336,7 @@ def test_a_child_past_its_timeout_is_reported_and_not_measured_again():
     case = Case("matmul", (23, 13, 9), "float32")
     measured = first_call(case, timeout_s=0.01)  # not even Python's imports fit
     assert (measured.empty.outcome, measured.empty.detail) == (TIMED_OUT, "after 0.01 s")
-    assert measured.warm.outcome == NOT_RUN and measured.theirs.outcome == TIMED_OUT
+    assert measured.warm.outcome == NOT_RUN and measured.torch_process.outcome == TIMED_OUT
     table = FirstCallTable("first call: matmul", [measured]).table()
     assert (
         "| matmul 23x13x9 | float32 | timed out | timed out | not run | timed out | 0 / — "
@@ -372,7 +372,7 @@ def test_the_first_call_report_names_the_cases_that_miss_each_target():
         "first call: matmul",
         [
             FirstCall(Case("matmul", (1000,) * 3, "float16"), process(3.2), process(0.4), (1, 0),
-                      theirs=process(0.21)),
+                      torch_process=process(0.21)),
             FirstCall(Case("matmul", (8192,) * 3, "float16"), process(14.23, tile),
                       process(1.52, other), (11, 0), c_modules=2),
         ],

@@ -793,7 +793,9 @@ def test_channels_last_copies_any_layout(shape, view, kernel_launches):
 def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypatch):
     if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
-    monkeypatch.setattr(conv2d_fast_paths, "_timed_route", None)  # none of these is timed
+    monkeypatch.setattr(
+        conv2d_fast_paths, "_choose_route_by_timing", None
+    )  # none of these is timed
     f16 = dict(device=DEVICE, dtype=torch.float16)
     cl = torch.channels_last
     nchw = (torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16))
@@ -837,7 +839,7 @@ def test_conv2d_sends_stride_1_convolutions_to_the_tma_kernel_on_hopper(monkeypa
 def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monkeypatch):
     if hopper.capability(DEVICE) not in fast.TMA_GPUS:
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
-    timer = conv2d_fast_paths._timed_route
+    timer = conv2d_fast_paths._choose_route_by_timing
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
     bias = torch.randn(136, **f16)
@@ -853,7 +855,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             offered.append(calls)
             return chosen
 
-        monkeypatch.setattr(conv2d_fast_paths, "_timed_route", pick)
+        monkeypatch.setattr(conv2d_fast_paths, "_choose_route_by_timing", pick)
         monkeypatch.setattr(conv2d, "_plans", PlanCache())
         for _ in range(3):  # chosen on the first call only, then kept
             with recording_launches() as launches:
@@ -863,7 +865,7 @@ def test_conv2d_times_an_nchw_inputs_two_routes_and_keeps_the_one_it_chose(monke
             assert _conv_error(got, x, weight, bias, 1, 1, 1) < 2e-3 and got.is_contiguous()
         assert len(offered) == 1 and len(offered[0]) == 2
     # with the timer itself: one of the two, the same on every call
-    monkeypatch.setattr(conv2d_fast_paths, "_timed_route", timer)
+    monkeypatch.setattr(conv2d_fast_paths, "_choose_route_by_timing", timer)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     kept = []
     for _ in range(3):
@@ -884,7 +886,9 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
         pytest.skip("the TMA kernel takes over on the GPUs where it was measured only")
     f16 = dict(device=DEVICE, dtype=torch.float16)
     x, weight = torch.randn(2, 128, 14, 14, **f16), torch.randn(136, 128, 3, 3, **f16)
-    monkeypatch.setattr(conv2d_fast_paths, "_timed_route", None)  # called, it would raise
+    monkeypatch.setattr(
+        conv2d_fast_paths, "_choose_route_by_timing", None
+    )  # called, it would raise
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     in_place = [conv2d.conv2d_kernel]
 
@@ -902,11 +906,11 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     assert launched() == in_place and conv2d._plans == {}
     capturing[0] = False
-    monkeypatch.setattr(conv2d_fast_paths, "_timed_route", lambda calls: 1)  # copied
+    monkeypatch.setattr(conv2d_fast_paths, "_choose_route_by_timing", lambda calls: 1)  # copied
     assert launched() == [conv2d_tma.channels_last_pair_kernel, conv2d_tma.tma_conv2d_kernel]
     assert len(conv2d._plans) == 1
     # under deterministic algorithms: in place, untimed, and kept
-    monkeypatch.setattr(conv2d_fast_paths, "_timed_route", None)
+    monkeypatch.setattr(conv2d_fast_paths, "_choose_route_by_timing", None)
     monkeypatch.setattr(conv2d, "_plans", PlanCache())
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -929,10 +933,10 @@ def test_the_route_timer_keeps_the_call_that_is_faster_in_a_loop():
         conv2d_tma.channels_last(image)
 
     with recording_launches() as launches:
-        assert conv2d_fast_paths._timed_route([gpu_bound, quick]) == 1
-        assert conv2d_fast_paths._timed_route([quick, gpu_bound]) == 0
+        assert conv2d_fast_paths._choose_route_by_timing([gpu_bound, quick]) == 1
+        assert conv2d_fast_paths._choose_route_by_timing([quick, gpu_bound]) == 0
         # a timer of the GPU's time alone would keep host_bound
-        assert conv2d_fast_paths._timed_route([host_bound, gpu_bound]) == 1
+        assert conv2d_fast_paths._choose_route_by_timing([host_bound, gpu_bound]) == 1
     assert launches == []  # a benchmark recording a first call's launches sees none of these
 
 
@@ -962,6 +966,14 @@ def test_a_route_is_chosen_alike_in_processes_whose_hosts_differ(layer):
     assert keep(lagging, on_gpu) == 0
     # and a route clearly faster in a loop is kept whatever its GPU time
     assert keep([in_loop[0], in_loop[0] * 0.8], [on_gpu[0], on_gpu[0] * 2]) == 1
+
+
+def test_a_route_that_ran_out_of_memory_is_never_kept():
+    inf = math.inf
+    assert conv2d_fast_paths._route_to_keep([inf, 50.0], [inf, 26.0]) == 1
+    assert conv2d_fast_paths._route_to_keep([50.0, inf], [44.0, inf]) == 0
+    assert conv2d_fast_paths._route_to_keep([inf, inf], [inf, inf]) == 0  # the smaller copy
+    assert conv2d_fast_paths._route_to_keep([48.0], [44.0]) == 0
 
 
 def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
@@ -1014,11 +1026,19 @@ def test_conv2d_measures_a_view_by_how_far_its_strides_reach():
 # What a first call imports. torch runs some meta-device operations (torch.empty_like on a
 # meta tensor among them) through its Python references, whose first use imports sympy:
 # measured on an H200, 2.5 s of a conv2d's first call. The finished kernels' host paths
-# keep clear of them; a new shape's first call stays the kernels' own cost.
+# keep clear of them; a new shape's first call stays the kernels' own cost. The routes
+# only a GPU takes are planned on the meta device too, so that the interpreter checks them.
 _FIRST_CALLS = """
 import sys, torch
 import course_lib
-from course_lib.kernels import attention, conv2d, layer_norm, linear, matmul, softmax
+from course_lib.kernels import attention, conv2d, conv2d_fast_paths, layer_norm, linear, matmul
+from course_lib.kernels import softmax
+meta = lambda *shape, **kw: torch.empty(*shape, dtype=torch.float16, device="meta", **kw)
+x, w = meta(32, 256, 14, 14), meta(256, 256, 3, 3)
+for layout in (torch.channels_last, torch.contiguous_format):
+    out = meta(32, 256, 14, 14, memory_format=layout)
+    x_seen = conv2d_fast_paths._copied(x, torch.channels_last)
+    conv2d_fast_paths._tma_route(x_seen, w, None, out, (1, 1), (1, 1))
 d, large = course_lib.DEVICE, not course_lib.runtime.INTERPRETED
 dtype = torch.float16 if large else torch.float32
 r = lambda *shape: torch.randn(*shape, device=d, dtype=dtype)
@@ -1041,10 +1061,14 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "sympy")[:3])
 
 
 def test_a_first_call_keeps_clear_of_torchs_python_references():
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's course_lib
+    env = {**os.environ, "PYTHONPATH": root}
     run = subprocess.run([sys.executable, "-c", _FIRST_CALLS], capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+                         timeout=600, cwd=root, env=env)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == "[]", "a first call imported sympy"

@@ -102,6 +102,11 @@ def _matmul(case: Case) -> Calls:
     return (lambda: matmul.matmul(a, b, case.variant or None)), theirs
 
 
+def _step(forward: Callable, inputs: tuple, grad_out: torch.Tensor) -> Callable[[], object]:
+    """A training step's work: forward(*inputs), then the gradient of every input."""
+    return lambda: torch.autograd.grad(forward(*inputs), inputs, grad_out)
+
+
 def _linear(case: Case) -> Calls:
     from course_lib.kernels import linear
 
@@ -109,12 +114,8 @@ def _linear(case: Case) -> Calls:
     x = _random(case, rows, n_in).requires_grad_()
     weight = _random(case, n_out, n_in, scale=n_in**-0.5).requires_grad_()
     bias = _random(case, n_out).requires_grad_()
-    grad_y = _random(case, rows, n_out)
-
-    def step(forward):  # a training step's work: the forward, then the three gradients
-        return lambda: torch.autograd.grad(forward(x, weight, bias), (x, weight, bias), grad_y)
-
-    return step(linear.linear), step(torch.nn.functional.linear)
+    inputs, grad_y = (x, weight, bias), _random(case, rows, n_out)
+    return _step(linear.linear, inputs, grad_y), _step(torch.nn.functional.linear, inputs, grad_y)
 
 
 def _conv2d(case: Case) -> Calls:
@@ -134,13 +135,10 @@ def _conv2d(case: Case) -> Calls:
 def _attention(case: Case) -> Calls:
     from course_lib.kernels import attention
 
-    q, k, v = (_random(case, *case.shape).requires_grad_() for _ in range(3))
+    inputs = tuple(_random(case, *case.shape).requires_grad_() for _ in range(3))
     grad_o = _random(case, *case.shape)
-
-    def step(forward):
-        return lambda: torch.autograd.grad(forward(q, k, v), (q, k, v), grad_o)
-
-    return step(attention.attention), step(torch.nn.functional.scaled_dot_product_attention)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return _step(attention.attention, inputs, grad_o), _step(sdpa, inputs, grad_o)
 
 
 _BUILDERS: dict[str, Callable[[Case], Calls]] = {
@@ -184,14 +182,12 @@ def measure(case: Case, side: str = COURSE) -> dict:
     from course_lib.bench.recording import recording_launches
     from course_lib.bench.sweep import tuned_configs
 
+    if side not in (COURSE, TORCH):
+        raise ValueError(f"first call: side is {COURSE!r} or {TORCH!r}, got {side!r}")
     ours, theirs = _BUILDERS[case.kernel](case)
     if side == COURSE:
         theirs()  # torch's one-time costs, paid as a program that has run torch has
-        call = ours
-    elif side == TORCH:
-        call = theirs
-    else:
-        raise ValueError(f"first call: side is {COURSE!r} or {TORCH!r}, got {side!r}")
+    call = ours if side == COURSE else theirs
     _synchronize()  # the inputs are made: the clock starts with the call
     start = time.perf_counter()
     call()
@@ -301,14 +297,14 @@ class FirstCall:
     # kernels that each process compiled: with the cache warm, none should be
     compiled: tuple[int, int] = (0, 0)
     c_modules: int = 0  # C modules the empty-cache process built
-    theirs: FreshProcess = field(default_factory=lambda: FreshProcess(outcome=NOT_RUN))
+    torch_process: FreshProcess = field(default_factory=lambda: FreshProcess(outcome=NOT_RUN))
 
 
 def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
     """`case` in a fresh process with a new, empty Triton cache, then in another fresh
     process with the cache the first one left; and torch's call in a fresh process."""
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
-        theirs = run_fresh(case, cache_dir, timeout_s, side=TORCH)
+        torch_process = run_fresh(case, cache_dir, timeout_s, side=TORCH)
     with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache_dir:
         empty = run_fresh(case, cache_dir, timeout_s)
         compiled_empty, c_modules = _compiled_kernels(cache_dir), _c_modules(cache_dir)
@@ -317,7 +313,8 @@ def first_call(case: Case, timeout_s: float = CHILD_TIMEOUT_S) -> FirstCall:
         else:
             warm = run_fresh(case, cache_dir, timeout_s)
         compiled_warm = _compiled_kernels(cache_dir) - compiled_empty
-    return FirstCall(case, empty, warm, (compiled_empty, compiled_warm), c_modules, theirs)
+    compiled = (compiled_empty, compiled_warm)
+    return FirstCall(case, empty, warm, compiled, c_modules, torch_process)
 
 
 @dataclass
@@ -351,7 +348,11 @@ class FirstCallTable:
         for call in self.calls:
             empty, warm, name = call.empty, call.warm, call.case.label()
             lines.append(self.row(call))
-            processes = (("empty cache", empty), ("warm cache", warm), ("torch", call.theirs))
+            processes = (
+                ("empty cache", empty),
+                ("warm cache", warm),
+                ("torch", call.torch_process),
+            )
             for cache, process in processes:
                 if process.outcome in (TIMED_OUT, FAILED):
                     notes.append(f"{name}, {cache}: {process.outcome}, {process.detail}")
@@ -368,7 +369,7 @@ class FirstCallTable:
     @staticmethod
     def row(call: FirstCall) -> str:
         """The table's row for one case."""
-        empty, warm, theirs = call.empty, call.warm, call.theirs
+        empty, warm, theirs = call.empty, call.warm, call.torch_process
         compiled_warm = call.compiled[1] if warm.outcome == MEASURED else "—"
         cells = [call.case.label(), call.case.dtype, empty.cell(empty.import_s, ".1f"),
                  empty.cell(empty.first_s, ".2f"), warm.cell(warm.first_s, ".2f"),

@@ -150,9 +150,10 @@ def conv2d(
     channels-last out). fp16 and bf16 accumulate in fp32; fp32 uses TF32 tensor cores where
     torch's convolutions would (torch.backends.cudnn.allow_tf32, or cudnn.conv.fp32_precision).
 
-    On Hopper GPUs an NCHW x of mid-sized layers takes whichever of two routes a first
-    call timed faster, as cuDNN does under torch.backends.cudnn.benchmark: two processes may
-    differ by rounding. torch.use_deterministic_algorithms(True) reads x in place, untimed.
+    On Hopper GPUs an NCHW x of mid-sized layers takes the route a first call chose by
+    timing two, as cuDNN does under torch.backends.cudnn.benchmark: two processes may,
+    rarely, differ by rounding. torch.use_deterministic_algorithms(True) reads x in place,
+    untimed.
     """
     key = signature((x, weight, bias), (stride, padding, dilation, groups))
     plan = _plans.get(key)
