@@ -2373,9 +2373,10 @@ attention_backward_no_causal_mask = _attn_backward_variant(
 )
 
 
-def _attention_function(name, forward=None, backward=None):
+def _attention_function(name, forward=None, backward=None, nones=2):
     """The lesson's forward and backward through autograd, with the mistakes `forward` and
-    `backward` (keyword arguments of _attn_forward and _attn_backward)."""
+    `backward` (keyword arguments of _attn_forward and _attn_backward); backward returns
+    `nones` Nones after the gradients (the right count: 2, for causal and scale)."""
 
     class AttentionFunction(torch.autograd.Function):
         @staticmethod
@@ -2389,7 +2390,7 @@ def _attention_function(name, forward=None, backward=None):
         def backward(ctx, do):
             q, k, v, o, lse = ctx.saved_tensors
             grads = _attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, **(backward or {}))
-            return *grads, None, None
+            return *grads, *[None] * nones
 
     def apply(q, k, v, causal=False, scale=None):
         scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -2403,6 +2404,7 @@ attention = _attention_function("attention")
 attention_without_d = _attention_function("attention_without_d", backward={"D_TERM": False})
 attention_lse_log2 = _attention_function("attention_lse_log2", forward={"LSE": "log2"})
 attention_no_rescale = _attention_function("attention_no_rescale", forward={"RESCALE": False})
+attention_three_gradients = _attention_function("attention_three_gradients", nones=0)
 
 
 def attention_without_function(q, k, v, causal=False, scale=None):

@@ -144,6 +144,7 @@ ATTENTION_FAMILIES = {
     "dk scale": ["dK = dSᵀ·Q·scale"],
     "backward mask": ["the backward too must hide the keys"],
     "autograd": ["the result carries no gradient"],
+    "gradient count": ["return one gradient per argument of forward"],
     "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
     "half": ["keep m, l and acc in float32"],
     "tf32": ["tl.dot multiplies float32 in TF32"],
@@ -206,6 +207,9 @@ ATTENTION_MISTAKES = [
      "what was summed so far is on the old max's scale", {"rescale"}),
     (broken.attention_without_function, False, f"{PRIME}: grad_q",
      "the result carries no gradient", {"autograd"}),
+    (broken.attention_three_gradients, False, f"{PRIME}, causal: grad_k",
+     "return one gradient per argument of forward, None for causal and scale: "
+     "return dq, dk, dv, None, None", {"gradient count"}),
 ]  # fmt: skip
 
 

@@ -154,6 +154,10 @@ NO_GRADIENT_HINT = (
 NO_KERNEL_IN_BACKWARD_HINT = (
     "your backward computed the gradients with PyTorch alone: launch your backward kernels"
 )
+GRADIENT_COUNT_HINT = (
+    "return one gradient per argument of forward, None for causal and scale: "
+    "return dq, dk, dv, None, None"
+)
 MISSING_GRADIENT_HINT = (
     "backward must return a gradient for q, k and v, then None for causal and scale, in "
     "forward's order"
@@ -171,6 +175,12 @@ class NotThree(RuntimeError):
 
 
 def _raised(kind: str, message: str) -> str | None:
+    """A hint for what a call raised: the check's own exceptions by their type, and autograd's
+    count of a backward's values by its text (torch 2.11 to 2.13), which gives no other
+    handle: "function ...Backward returned an incorrect number of gradients (expected 5,
+    got 3)"."""
+    if kind == "RuntimeError" and "returned an incorrect number of gradients" in message:
+        return GRADIENT_COUNT_HINT
     return {
         NoGradient.__name__: NO_GRADIENT_HINT,
         MissingGradient.__name__: MISSING_GRADIENT_HINT,
