@@ -64,12 +64,13 @@ SCALE_IGNORED_HINT = (
     "you used 1/sqrt(d) where the scale argument says otherwise: take the scale passed in"
 )
 DIAGONAL_HIDDEN_HINT = (
-    "the causal mask hides the diagonal (j < i): a query sees its own key, "
-    "mask = offs_n[None, :] <= offs_m[:, None]; row 0, left with no key, came out NaN"
+    "the causal mask hides the diagonal (j < i), so row 0, left with no key, came out NaN: "
+    "a query sees its own key, key_end = min(offs_m + 1, N_k), the keys offs_n < key_end "
+    "(offs_n <= offs_m)"
 )
 ONE_PAST_HINT = (
-    "the causal mask lets each query see one key too many (j <= i + 1): "
-    "mask = offs_n[None, :] <= offs_m[:, None]"
+    "the causal mask lets each query see one key too many (j <= i + 1): keep the keys "
+    "offs_n < key_end, key_end = min(offs_m + 1, N_k) (offs_n <= offs_m, not offs_m + 1)"
 )
 BOTTOM_RIGHT_HINT = (
     "you aligned the causal diagonal to the bottom right (query i sees keys j <= i + Nk - Nq): "
@@ -85,9 +86,15 @@ EACH_STEP_HINT = (
     "divided again and again. Divide once, o = acc / l, after the loop"
 )
 KEYS_UNMASKED_HINT = (
-    "keys past Nk took part in the softmax: the last block of keys runs past the end, and "
-    "their scores (0 from the masked load) must be set to -inf, "
-    "s = tl.where(offs_n[None, :] < N_k, s, float('-inf'))"
+    "keys past N_k took part in the softmax: the last block of keys runs past the end, and "
+    "their scores (0 from the masked load) must be -inf, "
+    "s = tl.where(offs_n[None, :] < key_end[:, None], s, float('-inf')), key_end = N_k "
+    "(offs_n < N_k)"
+)
+KEYS_UNMASKED_CAUSAL_HINT = (
+    "keys past N_k took part in the softmax of the queries past N_k: those keys' scores (0 "
+    "from the masked load) must be -inf, so key_end = min(offs_m + 1, N_k), whose min keeps "
+    "a query past N_k from seeing keys past it (offs_n <= offs_m and offs_n < N_k)"
 )
 LSE_LOG2_HINT = (
     "you saved the base-2 logsumexp, m + log2(l) with the scores in log2 units: the lse is "
@@ -418,7 +425,8 @@ def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int) -> li
     at_blocks(SCALE_TWICE_HINT, whole, scale_used=scale * scale)
     if not math.isclose(scale, d**-0.5):
         at_blocks(SCALE_IGNORED_HINT, whole, scale_used=d**-0.5)
-    at_blocks(KEYS_UNMASKED_HINT, [(b, b) for b in BLOCKS if n_k % b], keys_unmasked=True)
+    keys_hint = KEYS_UNMASKED_CAUSAL_HINT if causal else KEYS_UNMASKED_HINT
+    at_blocks(keys_hint, [(b, b) for b in BLOCKS if n_k % b], keys_unmasked=True)
     if causal:
         pairs = _block_pairs(True)
         at_blocks(DIAGONAL_HIDDEN_HINT, whole, diagonal="hidden")
