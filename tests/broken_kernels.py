@@ -2069,7 +2069,7 @@ def attn_fwd_variant_kernel(
     RESCALE: tl.constexpr, SCALES: tl.constexpr, MASK_VALUE: tl.constexpr,
     DIAGONAL: tl.constexpr, NORMALISE_EACH_STEP: tl.constexpr, LSE: tl.constexpr,
     MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr,
-    TF32_LIKE: tl.constexpr,
+    TF32_LIKE: tl.constexpr, END_AT_N_K: tl.constexpr,
 ):  # fmt: skip
     """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
     [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
@@ -2089,15 +2089,17 @@ def attn_fwd_variant_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)
     end = n_k
     if CAUSAL:
-        end = tl.minimum(n_k, start_m + BLOCK_M + (BLOCK_N if DIAGONAL == 1 else 0))
+        end = start_m + BLOCK_M + (BLOCK_N if DIAGONAL == 1 else 0)
+        if END_AT_N_K:  # right; the mistake: the diagonal's end alone, past n_k
+            end = tl.minimum(n_k, end)
         if DIAGONAL == 2:  # mistake: the diagonal aligned bottom right
             end = n_k
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        if LOAD_MASK:
-            k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
-            v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < n_k, other=0.0)
+        if LOAD_MASK:  # masked by the loop's end, as the lesson's attend_keys masks by hi
+            k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < end, other=0.0)
+            v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < end, other=0.0)
         else:  # mistake: reads past the end of k and v
             k = tl.load(k_ptr + kv_offs)
             v = tl.load(v_ptr + kv_offs)
@@ -2151,6 +2153,7 @@ def attn_fwd_variant_kernel(
 ATTN_FORWARD_RIGHT = dict(
     RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
     LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32, TF32_LIKE=False,
+    END_AT_N_K=True,
 )  # fmt: skip
 
 
@@ -2203,6 +2206,11 @@ attention_forward_no_load_mask = _attn_forward_variant(
     "attention_forward_no_load_mask", LOAD_MASK=False
 )
 attention_forward_tf32_like = _attn_forward_variant("attention_forward_tf32_like", TF32_LIKE=True)
+# a causal loop bound by the diagonal alone, hi = (pid_m + 1) * BLOCK_M: its loads, masked by
+# that bound, read past the end of k and v where the block's diagonal passes n_k
+attention_forward_end_past_keys = _attn_forward_variant(
+    "attention_forward_end_past_keys", END_AT_N_K=False
+)
 attention_forward_grid_floor = _attn_forward_variant(
     "attention_forward_grid_floor", grid_floor=True
 )
@@ -2404,6 +2412,9 @@ attention = _attention_function("attention")
 attention_without_d = _attention_function("attention_without_d", backward={"D_TERM": False})
 attention_lse_log2 = _attention_function("attention_lse_log2", forward={"LSE": "log2"})
 attention_no_rescale = _attention_function("attention_no_rescale", forward={"RESCALE": False})
+attention_end_past_keys = _attention_function(
+    "attention_end_past_keys", forward={"END_AT_N_K": False}
+)
 attention_three_gradients = _attention_function("attention_three_gradients", nones=0)
 
 

@@ -132,7 +132,8 @@ ATTENTION_FAMILIES = {
     "mask value": ["masked scores must be -inf"],
     "each step": ["you divided acc by the running sum l at every step"],
     "keys": ["keys past N_k took part in the softmax"],
-    "read past": ["a load read past the end of an input"],
+    "read past": ["a load read past the end of an input",
+                  "the loop over keys read past the end of k and v"],
     "lse": ["you saved the base-2 logsumexp", "you saved the running max alone",
             "you saved log(l) alone"],
     "grid": ["the last, partial block of queries has no program", "whole heads were never",
@@ -188,6 +189,10 @@ ATTENTION_MISTAKES = [
      {"keys"}),
     (broken.attention_forward_no_load_mask, False, f"{PRIME}: o",
      "a load read past the end of an input", {"read past"}),
+    (broken.attention_forward_end_past_keys, True, f"{PRIME}: o",
+     "hi = min((pid_m + 1) * BLOCK_M, N_k)", {"read past"}),
+    (broken.attention_forward_end_past_keys, True, "Nq=77, Nk=20, d=64 (more queries than "
+     "keys), float32: o", "hi = min((pid_m + 1) * BLOCK_M, N_k)", {"read past"}),
     (broken.attention_forward_grid_floor, False, f"{PRIME}: o",
      "the last, partial block of queries has no program", {"grid"}),
     (broken.attention_forward_grid_floor, False, "(smaller than a block), float32: o",
@@ -217,6 +222,8 @@ ATTENTION_MISTAKES = [
      "what was summed so far is on the old max's scale", {"rescale"}),
     (broken.attention_without_function, False, f"{PRIME}: grad_q",
      "the result carries no gradient", {"autograd"}),
+    (broken.attention_end_past_keys, False, f"{PRIME}, causal: grad_v",
+     "hi = min((pid_m + 1) * BLOCK_M, N_k)", {"read past"}),
     (broken.attention_three_gradients, False, f"{PRIME}, causal: grad_k",
      "return one gradient per argument of forward, None for causal and scale: "
      "return dq, dk, dv, None, None", {"gradient count"}),
@@ -501,8 +508,9 @@ def test_the_operator_refuses_a_second_derivative_and_bad_input():
 @pytest.mark.parametrize(
     ("fn", "causal"),
     [(broken.attention_forward_keys_not_masked, False),
+     (broken.attention_forward_end_past_keys, True),
      (broken.attention_backward_without_d, True)],
-    ids=["keys-not-masked", "backward-without-d"],
+    ids=["keys-not-masked", "causal-end-past-keys", "backward-without-d"],
 )  # fmt: skip
 def test_a_replayed_check_judges_as_the_check_itself(fn, causal):
     from test_replay import _record_then_replay

@@ -197,6 +197,15 @@ def _raised(kind: str, message: str) -> str | None:
     }.get(kind)
 
 
+# the lesson's attend_keys masks its loads of k and v by the loop's bound hi, not by N_k
+CAUSAL_END_HINT = (
+    "the loop over keys read past the end of k and v (NaN during a check, anything on a GPU): "
+    "a causal loop stops at the diagonal and at N_k, hi = min((pid_m + 1) * BLOCK_M, N_k), "
+    "since attend_keys masks its loads with offs_n < hi (in a kernel of your own, mask the "
+    "loads of k and v with offs_n < N_k, and q's with offs_m < N_q)"
+)
+
+
 HINTS = Hints(
     out_of_bounds=(
         "the kernel wrote past the end of a tensor: store with mask offs_m < N_q (offs_n < N_k "
@@ -216,8 +225,14 @@ HINTS = Hints(
     scattered=GRID_HINT,
     read_past_end=(
         "NaN where the reference is finite: a load read past the end of an input (the memory "
-        "around it holds NaN during a check). Mask the loads of k and v with offs_n < N_k and "
-        "of q with offs_m < N_q, and set the scores of keys past N_k to -inf"
+        "around it holds NaN during a check). Mask the loads of k and v with offs_n < N_k "
+        "(attend_keys masks them with offs_n < hi: hi must not pass N_k) and of q with "
+        "offs_m < N_q, and set the scores of keys past N_k to -inf"
+    ),
+    unmasked_load=(
+        "the result is right by luck: a load read past the end of an input, undefined on a "
+        "GPU. Mask the loads of k and v with offs_n < N_k (attend_keys masks them with "
+        "offs_n < hi: hi must not pass N_k) and of q with offs_m < N_q"
     ),
     dtype="allocate o like q (torch.empty_like(q)) and lse as float32",
     raised=_raised,
@@ -715,11 +730,17 @@ def _float32_dots_in_tf32() -> bool:
 def _refine(
     outputs: list, first_part: str | None
 ) -> Callable[[Sequence[Case], list[CaseResult]], None]:
-    """Sharpen hints across cases: unwritten rows' pattern, the hint of `first_part` (the
-    forward's o, upstream of every gradient) for the other parts of the same inputs, and a
-    16-bit case's vague hint from what the float32 cases named."""
+    """Sharpen hints across cases: a causal forward's read past N_k named by its loop's
+    bound, unwritten rows' pattern, the hint of `first_part` (the forward's o, upstream of
+    every gradient) for the other parts of the same inputs, and a 16-bit case's vague hint
+    from what the float32 cases named."""
 
     def refine(cases: Sequence[Case], results: list[CaseResult]) -> None:
+        for case, result in zip(cases, results):
+            causal_forward = case.kwargs.get("causal") and case.kwargs.get("part") in ("o", "lse")
+            if causal_forward and result.hint in (HINTS.read_past_end, HINTS.unmasked_load):
+                # a causal forward reads past N_k where its loop's bound forgot N_k
+                result.hint = CAUSAL_END_HINT
         vague = {HINTS.wrong_values, HINTS.zeros, HINTS.read_past_end, GRID_HINT, RAISED_HINT,
                  None}  # fmt: skip
         float32 = [r.passed for c, r in zip(cases, results) if c.inputs[0].dtype == torch.float32]
