@@ -2069,7 +2069,8 @@ def attn_fwd_variant_kernel(
     RESCALE: tl.constexpr, SCALES: tl.constexpr, MASK_VALUE: tl.constexpr,
     DIAGONAL: tl.constexpr, NORMALISE_EACH_STEP: tl.constexpr, LSE: tl.constexpr,
     MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr,
-    TF32_LIKE: tl.constexpr, END_AT_N_K: tl.constexpr,
+    TF32_LIKE: tl.constexpr, END_AT_N_K: tl.constexpr, Q_MOVED: tl.constexpr,
+    KV_MOVED: tl.constexpr, O_MOVED: tl.constexpr, EXP: tl.constexpr,
 ):  # fmt: skip
     """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
     [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
@@ -2077,11 +2078,17 @@ def attn_fwd_variant_kernel(
     bh = tl.program_id(1).to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
+    q_head = bh * n_q * HEAD_DIM  # where this program's head starts in q (and o)
+    kv_head = bh * n_k * HEAD_DIM
+    if not Q_MOVED:  # mistake: every program reads the first head's queries
+        q_head = 0 * q_head
+    if not KV_MOVED:  # mistake: every program reads the first head's keys and values
+        kv_head = 0 * kv_head
+    q = tl.load(q_ptr + q_head + offs_m[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
     if TF32_LIKE:  # mistake: float32 multiplied with 10 bits of mantissa, as TF32 does
         q = q.to(tl.float16).to(q.dtype)
-    qk_scale = 1.44269504
+    qk_scale = 1.0 if EXP == "exp2 without LOG2E" else 1.44269504
     for _ in tl.static_range(SCALES):  # right: once; mistakes: never, or twice
         qk_scale = qk_scale * scale
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -2096,7 +2103,7 @@ def attn_fwd_variant_kernel(
             end = n_k
     for start_n in range(0, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv_offs = bh * n_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_offs = kv_head + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
         if LOAD_MASK:  # masked by the loop's end, as the lesson's attend_keys masks by hi
             k = tl.load(k_ptr + kv_offs, mask=offs_n[:, None] < end, other=0.0)
             v = tl.load(v_ptr + kv_offs, mask=offs_n[:, None] < end, other=0.0)
@@ -2123,8 +2130,12 @@ def attn_fwd_variant_kernel(
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + n_k - n_q)
         s = tl.where(visible, s, MASK_VALUE)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        if EXP == "exp":  # mistake: scores in log2 units taken to the base e
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+        else:
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
         if RESCALE:
             l_i = (l_i * alpha + tl.sum(p, axis=1)).to(ACC_DTYPE)
             acc = (acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")).to(
@@ -2138,7 +2149,10 @@ def attn_fwd_variant_kernel(
         m_i = m_new
     if not NORMALISE_EACH_STEP:
         acc = acc / l_i[:, None]
-    o_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    o_head = bh * n_q * HEAD_DIM
+    if not O_MOVED:  # mistake: every program stores into the first head's rows
+        o_head = 0 * o_head
+    o_offs = o_head + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptr + o_offs, acc.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < n_q)
     l_i = l_i.to(tl.float32)
     if LSE == "natural":
@@ -2153,7 +2167,7 @@ def attn_fwd_variant_kernel(
 ATTN_FORWARD_RIGHT = dict(
     RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
     LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32, TF32_LIKE=False,
-    END_AT_N_K=True,
+    END_AT_N_K=True, Q_MOVED=True, KV_MOVED=True, O_MOVED=True, EXP="exp2",
 )  # fmt: skip
 
 
@@ -2206,6 +2220,20 @@ attention_forward_no_load_mask = _attn_forward_variant(
     "attention_forward_no_load_mask", LOAD_MASK=False
 )
 attention_forward_tf32_like = _attn_forward_variant("attention_forward_tf32_like", TF32_LIKE=True)
+attention_forward_kv_of_head_0 = _attn_forward_variant(
+    "attention_forward_kv_of_head_0", KV_MOVED=False
+)
+attention_forward_qkv_of_head_0 = _attn_forward_variant(
+    "attention_forward_qkv_of_head_0", Q_MOVED=False, KV_MOVED=False
+)
+# q and o at the same offsets, neither moved: every program writes the first head's rows
+attention_forward_q_and_o_of_head_0 = _attn_forward_variant(
+    "attention_forward_q_and_o_of_head_0", Q_MOVED=False, O_MOVED=False
+)
+attention_forward_exp_of_log2 = _attn_forward_variant("attention_forward_exp_of_log2", EXP="exp")
+attention_forward_exp2_without_log2e = _attn_forward_variant(
+    "attention_forward_exp2_without_log2e", EXP="exp2 without LOG2E"
+)
 # a causal loop bound by the diagonal alone, hi = (pid_m + 1) * BLOCK_M: its loads, masked by
 # that bound, read past the end of k and v where the block's diagonal passes n_k
 attention_forward_end_past_keys = _attn_forward_variant(

@@ -146,6 +146,8 @@ ATTENTION_FAMILIES = {
     "backward mask": ["the backward too must hide the keys"],
     "autograd": ["the result carries no gradient"],
     "gradient count": ["return one gradient per argument of forward"],
+    "first head": ["only the first head is right"],
+    "exp": ["but you exponentiated them with tl.exp", "tl.exp2 of scores scaled by scale alone"],
     "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
     "half": ["keep m, l and acc in float32"],
     "tf32": ["tl.dot multiplies float32 in TF32"],
@@ -224,6 +226,31 @@ ATTENTION_MISTAKES = [
      "the result carries no gradient", {"autograd"}),
     (broken.attention_end_past_keys, False, f"{PRIME}, causal: grad_v",
      "hi = min((pid_m + 1) * BLOCK_M, N_k)", {"read past"}),
+    (broken.attention_forward_q_and_o_of_head_0, False, f"{PRIME}: o",
+     "whole heads were never written: axis 1 of the grid must have B * H programs, and each "
+     "must store into its own head, head = tl.program_id(1): o_ptr + head * N_q * d",
+     {"grid", "first head"}),
+    (broken.attention_forward_q_and_o_of_head_0, False, f"{PRIME}: lse",
+     "every program read q of head 0. Move q's pointer (and o's) to the program's own head, "
+     "q_ptr + head * N_q * d", {"grid", "first head"}),
+    (broken.attention_forward_kv_of_head_0, True, f"{PRIME_FP16}: o",
+     "every program read k and v of head 0. Move k's and v's pointers to the program's own "
+     "head, k_head = k_ptr + head * N_k * d", {"first head"}),
+    (broken.attention_forward_qkv_of_head_0, False, "N=100, d=16 (not a multiple of the "
+     "block), float32: lse", "every program read q, k and v of head 0", {"first head"}),
+    (broken.attention_forward_qkv_of_head_0, False, f"{PRIME}: o",
+     "every program read q, k and v of head 0. Move every pointer to the program's own "
+     "head", {"first head"}),
+    (broken.attention_forward_exp_of_log2, True, f"{PRIME}: lse",
+     "your scores are in log2 units (qk_scale = scale * LOG2E) but you exponentiated them "
+     "with tl.exp", {"exp"}),
+    (broken.attention_forward_exp_of_log2, True, f"{PRIME_FP16}: o",
+     "but you exponentiated them with tl.exp", {"exp"}),
+    (broken.attention_forward_exp2_without_log2e, False, f"{PRIME}: o",
+     "you took tl.exp2 of scores scaled by scale alone: exp2 wants them in log2 units, "
+     "qk_scale = scale * LOG2E", {"exp"}),
+    (broken.attention_forward_exp2_without_log2e, False, f"{PRIME_FP16}: lse",
+     "tl.exp2 of scores scaled by scale alone", {"exp"}),
     (broken.attention_three_gradients, False, f"{PRIME}, causal: grad_k",
      "return one gradient per argument of forward, None for causal and scale: "
      "return dq, dk, dv, None, None", {"gradient count"}),

@@ -96,6 +96,26 @@ KEYS_UNMASKED_CAUSAL_HINT = (
     "from the masked load) must be -inf, so key_end = min(offs_m + 1, N_k), whose min keeps "
     "a query past N_k from seeing keys past it (offs_n <= offs_m and offs_n < N_k)"
 )
+EXP_OF_LOG2_HINT = (
+    "your scores are in log2 units (qk_scale = scale * LOG2E) but you exponentiated them with "
+    "tl.exp: in log2 units p = tl.exp2(s - m_new[:, None]) and alpha = tl.exp2(m_i - m_new)"
+)
+EXP2_NO_LOG2E_HINT = (
+    "you took tl.exp2 of scores scaled by scale alone: exp2 wants them in log2 units, "
+    "qk_scale = scale * LOG2E"
+)
+FIRST_HEAD_HINT = (
+    "only the first head is right: every program read {what} of head 0. Move {fix}, with "
+    "head = tl.program_id(1), the program's (batch, head)"
+)
+# what a program read of the first head -> where its pointers belong
+FIRST_HEAD_FIXES = {
+    "q": "q's pointer (and o's) to the program's own head, q_ptr + head * N_q * d",
+    "k and v": "k's and v's pointers to the program's own head, "
+    "k_head = k_ptr + head * N_k * d and v_head = v_ptr + head * N_k * d",
+    "q, k and v": "every pointer to the program's own head: q_ptr + head * N_q * d, "
+    "k_ptr + head * N_k * d and v_ptr + head * N_k * d",
+}
 LSE_LOG2_HINT = (
     "you saved the base-2 logsumexp, m + log2(l) with the scores in log2 units: the lse is "
     "in natural log, (m + log2(l)) * ln(2)"
@@ -148,8 +168,16 @@ LAST_BLOCK_HINT = (
 )
 HEADS_HINT = (
     "whole heads were never written: axis 1 of the grid must have B * H programs, and each "
-    "must move its pointers to its own (batch, head) with the tensors' strides"
+    "must store into its own head, head = tl.program_id(1): {where}"
 )
+# where a program's head starts, by the part its check compares (contiguous tensors)
+HEAD_STARTS = {
+    "o": "o_ptr + head * N_q * d, as q_ptr + head * N_q * d",
+    "lse": "lse_ptr + head * N_q",
+    "dq": "dq_ptr + head * N_q * d",
+    "dk": "dk_ptr + head * N_k * d, and dv_ptr likewise",
+    "dv": "dv_ptr + head * N_k * d, and dk_ptr likewise",
+}
 KEY_BLOCKS_HINT = (
     "{what}: launch triton.cdiv(N_k, BLOCK_N) programs (not N_k // BLOCK_N) along axis 0 of "
     "the dK/dV kernel, one per (batch, head) along axis 1, and store with mask offs_n < N_k"
@@ -307,7 +335,8 @@ def _flash64(q, k, v, causal, scale, *, block_m=None, block_n=None, skip=True,
 
 def _part(result, part: str, lse: str = "right") -> torch.Tensor:
     """o, or the lse as saved right ("right") or wrongly: in base 2, the max alone (in
-    natural or log2 units), log(l) without the max."""
+    natural or log2 units), log(l) without the max, or (m + log2(l)) * ln(2) where the
+    running max and sum were taken with exp, not exp2 ("exp")."""
     o, m, l_sum = result
     if part == "o":
         return o
@@ -317,6 +346,7 @@ def _part(result, part: str, lse: str = "right") -> torch.Tensor:
         "max": m,
         "max log2": m * LOG2E,
         "no max": torch.log(l_sum),
+        "exp": m * math.log(2) + torch.log(l_sum),
     }[lse]
 
 
@@ -401,7 +431,7 @@ def _forward_cases(seed: int, causal: bool) -> list[Case]:
                 atol_scale=_atol_scale(expected, dtype if part == "o" else torch.float32, n_k),
                 kwargs={"causal": causal, "scale": scale, "part": part},
                 reference=reference,
-                mistakes=_mistakes_for(causal, scale, part, n_k, d),
+                mistakes=_mistakes_for(causal, scale, part, n_k, d, b * h),
                 input_names=("q", "k", "v"),
             ))  # fmt: skip
     return cases
@@ -416,16 +446,24 @@ def _forward_reference(part: str, causal: bool, scale: float) -> Callable:
     return reference
 
 
-def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int) -> list:
-    """The forward's usual mistakes for one case: one KnownMistake per form, a form per
-    block size where the mistake's effect depends on it (the engine tries them in order,
-    computing each only while none before it has matched)."""
+def _first_head(t: torch.Tensor) -> torch.Tensor:
+    """t [B, H, N, d] with every (batch, head) holding the first one's values: what a
+    program reads that never moved its pointer to its own head."""
+    return t.flatten(0, 1)[:1].expand(t.shape[0] * t.shape[1], -1, -1).reshape(t.shape)
+
+
+def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int, heads: int) -> list:
+    """The forward's usual mistakes for one case of `heads` (batch, head) pairs: one
+    KnownMistake per form, a form per block size where the mistake's effect depends on it
+    (the engine tries them in order, computing each only while none before it has matched)."""
     mistakes = []
 
-    def at_blocks(hint, pairs, lse="right", scale_used=scale, **how):
+    def at_blocks(hint, pairs, lse="right", scale_used=scale, first_head="", **how):
         for block_m, block_n in pairs:
 
             def compute(q, k, v, *_, block_m=block_m, block_n=block_n):
+                q = _first_head(q) if "q" in first_head else q
+                k, v = (_first_head(k), _first_head(v)) if "k" in first_head else (k, v)
                 result = _flash64(q, k, v, causal, scale_used, block_m=block_m,
                                   block_n=block_n, **how)  # fmt: skip
                 return _part(result, part, lse)
@@ -434,12 +472,19 @@ def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int) -> li
 
     whole = [(None, None)]
     looped = [(b, b) for b in BLOCKS if b < n_k]
+    if heads > 1:
+        for what, fix in FIRST_HEAD_FIXES.items():
+            at_blocks(FIRST_HEAD_HINT.format(what=what, fix=fix), whole, first_head=what)
     at_blocks(NO_RESCALE_HINT, looped, rescale=False)
     at_blocks(EACH_STEP_HINT, looped, each_step=True)
     at_blocks(SCALE_NEVER_HINT, whole, scale_used=1.0)
     at_blocks(SCALE_TWICE_HINT, whole, scale_used=scale * scale)
     if not math.isclose(scale, d**-0.5):
         at_blocks(SCALE_IGNORED_HINT, whole, scale_used=d**-0.5)
+    # log2 units and exp mixed up: the softmax of the scores scaled by log2(e) or by ln(2)
+    for lse in ("exp", "right") if part == "lse" else ("right",):
+        at_blocks(EXP_OF_LOG2_HINT, whole, lse=lse, scale_used=scale * LOG2E)
+    at_blocks(EXP2_NO_LOG2E_HINT, whole, scale_used=scale * math.log(2))
     keys_hint = KEYS_UNMASKED_CAUSAL_HINT if causal else KEYS_UNMASKED_HINT
     at_blocks(keys_hint, [(b, b) for b in BLOCKS if n_k % b], keys_unmasked=True)
     if causal:
@@ -596,7 +641,7 @@ def _autograd_cases(seed: int) -> list[Case]:
         for part in ("o", "dq", "dk", "dv"):
             if part == "o":
                 reference = _forward_reference("o", causal, used)
-                mistakes = _mistakes_for(causal, used, "o", n_k, d)
+                mistakes = _mistakes_for(causal, used, "o", n_k, d, b * h)
             else:
                 reference = _grad_reference(part, causal, used)
                 mistakes = _autograd_backward_mistakes(causal, used, part)
@@ -708,7 +753,7 @@ def _unwritten_hint(out, part: str) -> str | None:
         return None
     heads = unwritten.all(dim=-1)
     if heads.any() and torch.equal(unwritten, heads[..., None].expand_as(unwritten)):
-        return HEADS_HINT
+        return HEADS_HINT.format(where=HEAD_STARTS[part])
     rows = unwritten.reshape(-1, unwritten.shape[-1])
     if bool((rows == rows[:1]).all()):
         first = int(rows[0].nonzero()[0]) if rows[0].any() else rows.shape[1]
