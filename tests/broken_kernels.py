@@ -2267,7 +2267,7 @@ def attn_bwd_dkdv_variant_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_q, n_k, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     D_TERM: tl.constexpr, P_FROM_LSE: tl.constexpr, DK_SCALED: tl.constexpr,
-    LSE_UNITS: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+    LSE_UNITS: tl.constexpr, CAUSAL_MASK: tl.constexpr, DELTA_ROWS: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
@@ -2301,7 +2301,9 @@ def attn_bwd_dkdv_variant_kernel(
         dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
         delta = tl.load(delta_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=0.0)
-        if D_TERM:
+        if DELTA_ROWS:  # mistake: D broadcast along the keys, as if the tile were not transposed
+            ds_t = p_t * (dp_t - delta[:, None])
+        elif D_TERM:
             ds_t = p_t * (dp_t - delta[None, :])
         else:  # mistake: D left out of dS
             ds_t = p_t * dp_t
@@ -2351,7 +2353,7 @@ def attn_bwd_dq_variant_kernel(
 
 
 ATTN_BACKWARD_RIGHT = dict(D_TERM=True, P_FROM_LSE=True, DK_SCALED=True, DQ_SCALED=True,
-                           LSE_UNITS="natural", CAUSAL_MASK=True)  # fmt: skip
+                           LSE_UNITS="natural", CAUSAL_MASK=True, DELTA_ROWS=False)  # fmt: skip
 
 
 def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, **mistake):
@@ -2372,6 +2374,7 @@ def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, 
     attn_bwd_dkdv_variant_kernel[(key_blocks, B * H)](
         q3, k3, v3, do3, lse, delta, dk, dv, n_q, n_k, scale, **common,
         P_FROM_LSE=flags["P_FROM_LSE"], DK_SCALED=flags["DK_SCALED"],
+        DELTA_ROWS=flags["DELTA_ROWS"],
     )  # fmt: skip
     attn_bwd_dq_variant_kernel[(triton.cdiv(n_q, ATTN_BLOCK), B * H)](
         q3, k3, v3, do3, lse, delta, dq, n_q, n_k, scale, **common, DQ_SCALED=flags["DQ_SCALED"]
@@ -2407,12 +2410,16 @@ attention_backward_key_grid_floor = _attn_backward_variant(
 attention_backward_no_causal_mask = _attn_backward_variant(
     "attention_backward_no_causal_mask", CAUSAL_MASK=False
 )
+attention_backward_delta_rows = _attn_backward_variant(
+    "attention_backward_delta_rows", DELTA_ROWS=True
+)
 
 
-def _attention_function(name, forward=None, backward=None, nones=2):
+def _attention_function(name, forward=None, backward=None, nones=2, ctx_scale=True):
     """The lesson's forward and backward through autograd, with the mistakes `forward` and
     `backward` (keyword arguments of _attn_forward and _attn_backward); backward returns
-    `nones` Nones after the gradients (the right count: 2, for causal and scale)."""
+    `nones` Nones after the gradients (the right count: 2, for causal and scale), and
+    without `ctx_scale` takes the default scale, not the forward's."""
 
     class AttentionFunction(torch.autograd.Function):
         @staticmethod
@@ -2425,7 +2432,8 @@ def _attention_function(name, forward=None, backward=None, nones=2):
         @staticmethod
         def backward(ctx, do):
             q, k, v, o, lse = ctx.saved_tensors
-            grads = _attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, **(backward or {}))
+            scale = ctx.scale if ctx_scale else q.shape[-1] ** -0.5
+            grads = _attn_backward(q, k, v, o, lse, do, ctx.causal, scale, **(backward or {}))
             return *grads, *[None] * nones
 
     def apply(q, k, v, causal=False, scale=None):
@@ -2444,6 +2452,9 @@ attention_end_past_keys = _attention_function(
     "attention_end_past_keys", forward={"END_AT_N_K": False}
 )
 attention_three_gradients = _attention_function("attention_three_gradients", nones=0)
+attention_default_scale_in_backward = _attention_function(
+    "attention_default_scale_in_backward", ctx_scale=False
+)
 
 
 def attention_without_function(q, k, v, causal=False, scale=None):

@@ -148,6 +148,8 @@ ATTENTION_FAMILIES = {
     "gradient count": ["return one gradient per argument of forward"],
     "first head": ["only the first head is right"],
     "exp": ["but you exponentiated them with tl.exp", "tl.exp2 of scores scaled by scale alone"],
+    "delta axis": ["subtracted D along the wrong axis"],
+    "backward scale": ["your backward used the default scale"],
     "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
     "half": ["keep m, l and acc in float32"],
     "tf32": ["tl.dot multiplies float32 in TF32"],
@@ -251,6 +253,15 @@ ATTENTION_MISTAKES = [
      "qk_scale = scale * LOG2E", {"exp"}),
     (broken.attention_forward_exp2_without_log2e, False, f"{PRIME_FP16}: lse",
      "tl.exp2 of scores scaled by scale alone", {"exp"}),
+    (broken.attention_backward_delta_rows, False, f"{PRIME}: dk",
+     "subtracted D along the wrong axis: in the transposed tile the queries run along the "
+     "columns, so delta[None, :], not delta[:, None]", {"delta axis"}),
+    (broken.attention_backward_delta_rows, False, f"{PRIME_FP16}: dk",
+     "subtracted D along the wrong axis", {"delta axis"}),
+    (broken.attention_default_scale_in_backward, False, "Nq=20, Nk=77, d=32 (fewer queries "
+     "than keys, scale=0.3), float32: grad_k", "your backward used the default scale "
+     "1/sqrt(d), not the one forward was given: keep scale on ctx in forward and pass "
+     "ctx.scale to flash_backward", {"backward scale"}),
     (broken.attention_three_gradients, False, f"{PRIME}, causal: grad_k",
      "return one gradient per argument of forward, None for causal and scale: "
      "return dq, dk, dv, None, None", {"gradient count"}),

@@ -144,6 +144,15 @@ LSE_UNITS_HINT = (
 )
 DQ_SCALE_HINT = "dQ = dS·K·scale: {how} (the scores' gradient reaches q through the scale)"
 DK_SCALE_HINT = "dK = dSᵀ·Q·scale: {how} (the scores' gradient reaches k through the scale)"
+DELTA_ROWS_HINT = (
+    "dSᵀ = Pᵀ ∘ (dPᵀ - D) subtracted D along the wrong axis: in the transposed tile the "
+    "queries run along the columns, so delta[None, :], not delta[:, None] (which took the D "
+    "of other queries, and ran only because BLOCK_M == BLOCK_N)"
+)
+BACKWARD_DEFAULT_SCALE_HINT = (
+    "your backward used the default scale 1/sqrt(d), not the one forward was given: keep "
+    "scale on ctx in forward and pass ctx.scale to flash_backward"
+)
 BACKWARD_MASK_HINT = (
     "the backward too must hide the keys a query does not see: P = 0 above the diagonal "
     "(mask the recomputed scores with -inf, or P with 0, where offs_n > offs_m)"
@@ -501,15 +510,19 @@ def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int, heads
     return mistakes
 
 
-def _grads64(q, k, v, o, lse, do, causal, scale, *, d_term=True, p_from="lse", dq_scale=1,
-             dk_scale=1, leak_block=None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+def _grads64(
+    q, k, v, o, lse, do, causal, scale, *, d_term=True, p_from="lse", dq_scale=1, dk_scale=1,
+    leak_block=None, delta_block=None,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(dq, dk, dv) as a flash backward computes them from the saved o and lse, in float64,
     with one mistake: D left out of dS; P from exp(S) ("exp"), from unscaled scores
     ("unscaled"), from an lse taken for base 2 ("log2 lse"), or from what a forward saved
     wrongly: the lse in base 2 ("saved log2"), the max alone ("saved max"); dq or dk scaled
     `*_scale` times; or, causal, no mask in the backward: with `leak_block` b, its loops
     skip the blocks past the diagonal, so only the keys of a query's own b-block leak
-    (leak_block 0: every key)."""
+    (leak_block 0: every key); or, with `delta_block` b, dK's D broadcast along the wrong
+    axis of a transposed b x b tile: key j of a tile takes the D of the query at its own
+    place in the tile, (i // b) * b + j % b, where that query exists, 0 past N_q."""
     q64, k64, v64, do64 = q.double(), k.double(), v.double(), do.double()
     n_q, n_k = q.shape[-2], k.shape[-2]
     s = q64 @ k64.transpose(-1, -2)
@@ -532,8 +545,14 @@ def _grads64(q, k, v, o, lse, do, causal, scale, *, d_term=True, p_from="lse", d
         p = p.masked_fill(hidden, 0.0)
     dv = p.transpose(-1, -2) @ do64
     dp = do64 @ v64.transpose(-1, -2)
-    ds = p * (dp - (do64 * o.double()).sum(dim=-1, keepdim=True)) if d_term else p * dp
+    delta = (do64 * o.double()).sum(dim=-1, keepdim=True)  # [..., Nq, 1]
+    ds = p * (dp - delta) if d_term else p * dp
     dq = ds @ k64 * scale**dq_scale
+    if delta_block:
+        i, j = torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
+        taken = i[:, None] // delta_block * delta_block + j[None, :] % delta_block
+        padded = torch.nn.functional.pad(delta[..., 0], (0, delta_block))  # 0 past N_q
+        ds = p * (dp - padded[..., taken])
     dk = ds.transpose(-1, -2) @ q64 * scale**dk_scale
     return dq, dk, dv
 
@@ -561,6 +580,8 @@ def _backward_mistakes(causal: bool, scale: float, part: str) -> list[KnownMista
     ]
     if part != "dv":
         mistakes.append(mistake(NO_D_HINT, d_term=False))
+    if part == "dk":
+        mistakes += [mistake(DELTA_ROWS_HINT, delta_block=b) for b in BLOCKS]
     if part in ("dq", "dk"):
         hint = DQ_SCALE_HINT if part == "dq" else DK_SCALE_HINT
         for times, how in ((0, "you left the scale out"), (2, "you applied it twice")):
@@ -644,7 +665,7 @@ def _autograd_cases(seed: int) -> list[Case]:
                 mistakes = _mistakes_for(causal, used, "o", n_k, d, b * h)
             else:
                 reference = _grad_reference(part, causal, used)
-                mistakes = _autograd_backward_mistakes(causal, used, part)
+                mistakes = _autograd_backward_mistakes(causal, used, part, d)
             expected = reference(*inputs)
             cases.append(Case(
                 f"{label}: {PARTS[part]}", inputs, "causal" if causal else "",
@@ -658,9 +679,9 @@ def _autograd_cases(seed: int) -> list[Case]:
 PARTS = {"o": "forward: o", "dq": "grad_q", "dk": "grad_k", "dv": "grad_v"}
 
 
-def _autograd_backward_mistakes(causal: bool, scale: float, part: str) -> list[KnownMistake]:
+def _autograd_backward_mistakes(causal: bool, scale: float, part: str, d: int) -> list:
     """The backward's mistakes where the check supplies only q, k, v and do: o and lse are
-    the right ones, as a right forward saves them."""
+    the right ones, as a right forward saves them, or the forward's scale left behind."""
 
     def with_saved(mistake: KnownMistake) -> KnownMistake:
         def compute(q, k, v, do):
@@ -672,19 +693,22 @@ def _autograd_backward_mistakes(causal: bool, scale: float, part: str) -> list[K
 
     index = ("dq", "dk", "dv").index(part)
 
-    def saved_wrongly(hint, p_from):
+    def saved_wrongly(hint, p_from="lse", backward_scale=scale):
         def compute(q, k, v, do):
             o = references.attention(q, k, v, causal, scale)
             lse = references.attention_lse(q, k, v, causal, scale)
-            return _grads64(q, k, v, o, lse, do, causal, scale, p_from=p_from)[index]
+            return _grads64(q, k, v, o, lse, do, causal, backward_scale, p_from=p_from)[index]
 
         return KnownMistake(compute, hint)
 
-    return [
+    mistakes = [
         *(with_saved(m) for m in _backward_mistakes(causal, scale, part)),
         saved_wrongly(LSE_LOG2_HINT, "saved log2"),
         saved_wrongly(LSE_MAX_HINT, "saved max"),
     ]
+    if not math.isclose(scale, d**-0.5):  # the backward called without ctx.scale
+        mistakes.append(saved_wrongly(BACKWARD_DEFAULT_SCALE_HINT, backward_scale=d**-0.5))
+    return mistakes
 
 
 # --- running the learner's function ------------------------------------------------------
