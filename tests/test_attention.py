@@ -279,6 +279,40 @@ def test_attention_checks_name_the_mistake_and_no_other(fn, causal, case, hint, 
     assert_no_other_family(report, families, ATTENTION_FAMILIES)
 
 
+def test_no_two_mistakes_with_different_hints_replay_alike():
+    """Where a mistake's replay is what a learner's kernel returned, no replay with another
+    hint may match it within the case's tolerance, in any case of the four checks, 16-bit
+    ones included: the check could not tell the two apart, and its hint would be a guess
+    (the scale never applied or twice, the exp and exp2 mix-ups with their factors log2(e)
+    and ln(2), the first head's inputs, D along the wrong axis, the backward's default
+    scale, and every other form)."""
+    from course_lib.checks.tolerances import tolerance_for
+
+    checks = attention_checks
+    cases = [*checks._forward_cases(20, False), *checks._forward_cases(21, True),
+             *checks._backward_cases(22, False), *checks._backward_cases(23, True),
+             *checks._autograd_cases(24)]  # fmt: skip
+    seen = 0
+    for case in cases:
+        expected = case.reference(*case.inputs)
+        tol = tolerance_for(case.tolerance or expected.dtype)
+        close = functools.partial(torch.isclose, rtol=tol.rtol, atol=tol.atol * case.atol_scale,
+                                  equal_nan=True)  # fmt: skip
+        # as the engine compares them: each replay in the output's dtype
+        replays = [m.compute(*case.inputs).to(expected.dtype).double() for m in case.mistakes]
+        expected = expected.double()
+        for mistake, out in zip(case.mistakes, replays):
+            wrong = ~close(out, expected)
+            if not wrong.any():
+                continue  # this case cannot show this mistake
+            seen += 1
+            for other, alternative in zip(case.mistakes, replays):
+                if other.hint != mistake.hint:
+                    assert not close(out, alternative)[wrong].all(), (case.label, mistake.hint,
+                                                                     other.hint)  # fmt: skip
+    assert seen > 1000
+
+
 def test_float32_multiplied_in_tf32_on_a_gpu_is_named(monkeypatch):
     """On a GPU a float32 tl.dot runs in TF32 unless told otherwise: its float32 cases fail
     where the 16-bit ones pass. The interpreter multiplies exactly, so the broken kernel
