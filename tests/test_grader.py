@@ -446,10 +446,14 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(tmp_path):
     subs = tmp_path / "subs"
     _submission(subs / "a_correct" / f"{LESSON}.ipynb", {})
     _submission(subs / "b_hangs" / f"{LESSON}.ipynb", {"ex-vector-add": HANG})
+    # Ctrl-C as a terminal sends it: a program started with SIGINT ignored keeps ignoring
+    # it (Python installs no KeyboardInterrupt then), and a test run before this one in the
+    # same worker may have left it ignored, so the grader starts with the default
     proc = subprocess.Popen(
         [sys.executable, "-m", "course_lib.grader", str(subs), "--out", str(tmp_path / "r"),
          "--workers", "1"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     grades = tmp_path / "r" / "grades.csv"
     deadline = time.monotonic() + 300
@@ -459,7 +463,11 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(tmp_path):
         time.sleep(0.5)
     time.sleep(3)  # b_hangs is running now
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its sandboxes die with it, rather than spin through the other tests
+        raise
     assert proc.returncode == 130, err[-2000:]
     assert _rows(tmp_path / "r")[("a_correct", "check-vector-add")]["score"] == "2"
     summary = (tmp_path / "r" / "summary.md").read_text()
