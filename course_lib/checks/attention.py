@@ -42,6 +42,7 @@ from course_lib.checks.gradients import (
     NoKernelInBackward,
     kernel_gradients,
     returned,
+    wrong_gradient_count,
 )
 from course_lib.checks.guard import is_poison
 
@@ -220,10 +221,8 @@ class NotThree(RuntimeError):
 
 def _raised(kind: str, message: str) -> str | None:
     """A hint for what a call raised: the check's own exceptions by their type, and autograd's
-    count of a backward's values by its text (torch 2.11 to 2.13), which gives no other
-    handle: "function ...Backward returned an incorrect number of gradients (expected 5,
-    got 3)"."""
-    if kind == "RuntimeError" and "returned an incorrect number of gradients" in message:
+    refusal of a backward's count of values by its text (see wrong_gradient_count)."""
+    if kind == "RuntimeError" and wrong_gradient_count(message):
         return GRADIENT_COUNT_HINT
     return {
         NoGradient.__name__: NO_GRADIENT_HINT,

@@ -45,3 +45,10 @@ def returned(grad: torch.Tensor | None, name: str) -> torch.Tensor:
     if grad is None:
         raise MissingGradient(f"backward returned None as the gradient of `{name}`")
     return grad
+
+
+def wrong_gradient_count(message: str) -> bool:
+    """Whether autograd refused a backward for returning more or fewer values than forward
+    took arguments. torch (2.11 to 2.13) says so only in the error's text: "function
+    ...Backward returned an incorrect number of gradients (expected 5, got 3)"."""
+    return "returned an incorrect number of gradients" in message

@@ -36,6 +36,7 @@ from course_lib.checks.gradients import (
     NoKernelInBackward,
     require_graph,
     returned,
+    wrong_gradient_count,
 )
 from course_lib.checks.launches import counting_launches
 from course_lib.checks.matmul import (
@@ -227,7 +228,7 @@ def _raised(kind: str, message: str) -> str | None:
         return NONE_FOR_NONE_HINT
     if "Use .reshape(" in message:
         return VIEW_HINT
-    if "incorrect number of gradients" in message:
+    if wrong_gradient_count(message):
         return GRADIENT_COUNT_HINT
     if match := _INVALID_GRADIENT.search(message):
         index = int(match.group(1))
