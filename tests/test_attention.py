@@ -226,7 +226,8 @@ ATTENTION_MISTAKES = [
      "what was summed so far is on the old max's scale", {"rescale"}),
     (broken.attention_without_function, False, f"{PRIME}: grad_q",
      "the result carries no gradient", {"autograd"}),
-    (broken.attention_end_past_keys, False, f"{PRIME}, causal: grad_v",
+    # grad_q, not grad_v: on a GPU dV came out right from the NaN that o and lse carried
+    (broken.attention_end_past_keys, False, f"{PRIME}, causal: grad_q",
      "hi = min((pid_m + 1) * BLOCK_M, N_k)", {"read past"}),
     (broken.attention_forward_q_and_o_of_head_0, False, f"{PRIME}: o",
      "whole heads were never written: axis 1 of the grid must have B * H programs, and each "
