@@ -921,59 +921,56 @@ def test_conv2d_does_not_time_its_routes_where_it_must_not(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_the_route_timer_keeps_the_call_that_is_faster_in_a_loop():
+def test_the_route_timer_keeps_the_call_that_takes_less_gpu_time():
     image = torch.randn(1, 16, 4, 4, device=DEVICE, dtype=torch.float16)
     quick = lambda: conv2d_tma.channels_last(image)  # one small launch
-    gpu_bound = lambda: torch.cuda._sleep(1_000_000)  # cycles: about 0.5 ms of GPU time
+    gpu_bound = lambda: torch.cuda._sleep(200_000)  # cycles: about 0.1 ms of GPU time
 
-    def host_bound():  # 2 ms of the host's time, then the one small launch
+    def host_bound():  # 0.3 ms of the host's time, then the one small launch
         start = time.perf_counter()
-        while time.perf_counter() - start < 2e-3:
+        while time.perf_counter() - start < 3e-4:
             pass
         conv2d_tma.channels_last(image)
 
     with recording_launches() as launches:
         assert conv2d_fast_paths._choose_route_by_timing([gpu_bound, quick]) == 1
         assert conv2d_fast_paths._choose_route_by_timing([quick, gpu_bound]) == 0
-        # a timer of the GPU's time alone would keep host_bound
-        assert conv2d_fast_paths._choose_route_by_timing([host_bound, gpu_bound]) == 1
+        # slower in a loop of its own, which the host bounds, but not on the GPU's clock
+        assert conv2d_fast_paths._choose_route_by_timing([gpu_bound, host_bound]) == 1
     assert launches == []  # a benchmark recording a first call's launches sees none of these
 
 
-# µs per call of the in-place route and the copied one, in a loop and on the GPU's clock
-# alone, on ResNet's three 3x3 layers at batch 32, as measured on an H200 in four fresh
-# processes: the loop's figures vary with the host from one process to the next
+# µs per call of the in-place route and the copied one on the GPU's clock, on ResNet's three
+# 3x3 layers at batch 32, as measured on an H200 in eight fresh processes. In a loop, where
+# the host bounds them, the copied route of the 14x14 layer took from 49.9 to 98.1 µs a call
+# in the same processes: no rule reading those figures chose alike in all eight
 RESNET_ROUTE_TIMES = {
-    "56x56": [([45.3, 50.4], [42.9, 38.9]), ([45.5, 45.1], [43.4, 39.7]),
-              ([45.8, 54.0], [43.1, 39.0]), ([45.8, 49.1], [43.0, 39.2])],
-    "28x28": [([37.9, 62.9], [34.1, 24.8]), ([36.9, 46.1], [34.4, 24.9]),
-              ([40.1, 59.4], [34.1, 24.8]), ([38.2, 51.2], [34.2, 24.7])],
-    "14x14": [([54.1, 76.2], [44.5, 26.3]), ([48.0, 51.0], [44.8, 26.7]),
-              ([47.6, 49.9], [44.8, 26.4]), ([54.1, 77.5], [44.7, 26.4])],
+    "56x56": [[42.9, 38.9], [43.4, 39.7], [43.1, 39.0], [43.0, 39.2],
+              [43.3, 39.8], [43.2, 39.7], [43.2, 39.7], [43.2, 39.9]],
+    "28x28": [[34.1, 24.8], [34.4, 24.9], [34.1, 24.8], [34.2, 24.7],
+              [34.4, 25.1], [34.4, 24.9], [34.4, 24.8], [34.5, 25.0]],
+    "14x14": [[44.5, 26.3], [44.8, 26.7], [44.8, 26.4], [44.7, 26.4],
+              [44.5, 26.7], [45.1, 26.7], [44.6, 26.7], [44.8, 26.8]],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("layer", RESNET_ROUTE_TIMES)
-def test_a_route_is_chosen_alike_in_processes_whose_hosts_differ(layer):
+def test_a_route_is_chosen_alike_in_every_process(layer):
     # the 14x14 layer is copied, saving 40% of the GPU's time; the others, where the copy
-    # saves less or nothing and costs the host, read x in place: in every process
+    # saves 28% or less and costs the host a launch, read x in place: in every process
     keep = conv2d_fast_paths._route_to_keep
-    chosen = {keep(in_loop, on_gpu) for in_loop, on_gpu in RESNET_ROUTE_TIMES[layer]}
-    assert chosen == {1 if layer == "14x14" else 0}
-    # a saving of GPU time counts only where the route keeps up in a loop
-    in_loop, on_gpu = RESNET_ROUTE_TIMES[layer][0]
-    lagging = [in_loop[0], in_loop[0] * conv2d_fast_paths.ROUTE_LOOP_SLACK * 1.01]
-    assert keep(lagging, on_gpu) == 0
-    # and a route clearly faster in a loop is kept whatever its GPU time
-    assert keep([in_loop[0], in_loop[0] * 0.8], [on_gpu[0], on_gpu[0] * 2]) == 1
+    assert {keep(on_gpu) for on_gpu in RESNET_ROUTE_TIMES[layer]} == {int(layer == "14x14")}
+    # with room to spare: 5% either way moves no choice
+    for in_place, copied in RESNET_ROUTE_TIMES[layer]:
+        assert keep([in_place, copied * 0.95]) == keep([in_place, copied * 1.05])
 
 
 def test_a_route_that_ran_out_of_memory_is_never_kept():
     inf = math.inf
-    assert conv2d_fast_paths._route_to_keep([inf, 50.0], [inf, 26.0]) == 1
-    assert conv2d_fast_paths._route_to_keep([50.0, inf], [44.0, inf]) == 0
-    assert conv2d_fast_paths._route_to_keep([inf, inf], [inf, inf]) == 0  # the smaller copy
-    assert conv2d_fast_paths._route_to_keep([48.0], [44.0]) == 0
+    assert conv2d_fast_paths._route_to_keep([inf, 26.0]) == 1
+    assert conv2d_fast_paths._route_to_keep([44.0, inf]) == 0
+    assert conv2d_fast_paths._route_to_keep([inf, inf]) == 0  # the smaller copy
+    assert conv2d_fast_paths._route_to_keep([44.0]) == 0
 
 
 def test_conv2d_checks_each_signature_of_its_arguments_once(monkeypatch):
