@@ -2268,6 +2268,7 @@ def attn_bwd_dkdv_variant_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     D_TERM: tl.constexpr, P_FROM_LSE: tl.constexpr, DK_SCALED: tl.constexpr,
     LSE_UNITS: tl.constexpr, CAUSAL_MASK: tl.constexpr, DELTA_ROWS: tl.constexpr,
+    LSE_ROWS: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
@@ -2291,7 +2292,9 @@ def attn_bwd_dkdv_variant_kernel(
         s_t = (
             tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
         )  # [BLOCK_N, BLOCK_M]: the scores transposed
-        if P_FROM_LSE:
+        if LSE_ROWS:  # mistake: the lse broadcast along the keys, as if not transposed
+            p_t = tl.exp2(s_t - lse[:, None])
+        elif P_FROM_LSE:
             p_t = tl.exp2(s_t - lse[None, :])
         else:  # mistake: P left unnormalised, exp(S) without the lse
             p_t = tl.exp2(s_t)
@@ -2353,7 +2356,8 @@ def attn_bwd_dq_variant_kernel(
 
 
 ATTN_BACKWARD_RIGHT = dict(D_TERM=True, P_FROM_LSE=True, DK_SCALED=True, DQ_SCALED=True,
-                           LSE_UNITS="natural", CAUSAL_MASK=True, DELTA_ROWS=False)  # fmt: skip
+                           LSE_UNITS="natural", CAUSAL_MASK=True, DELTA_ROWS=False,
+                           LSE_ROWS=False)  # fmt: skip
 
 
 def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, **mistake):
@@ -2374,7 +2378,7 @@ def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, 
     attn_bwd_dkdv_variant_kernel[(key_blocks, B * H)](
         q3, k3, v3, do3, lse, delta, dk, dv, n_q, n_k, scale, **common,
         P_FROM_LSE=flags["P_FROM_LSE"], DK_SCALED=flags["DK_SCALED"],
-        DELTA_ROWS=flags["DELTA_ROWS"],
+        DELTA_ROWS=flags["DELTA_ROWS"], LSE_ROWS=flags["LSE_ROWS"],
     )  # fmt: skip
     attn_bwd_dq_variant_kernel[(triton.cdiv(n_q, ATTN_BLOCK), B * H)](
         q3, k3, v3, do3, lse, delta, dq, n_q, n_k, scale, **common, DQ_SCALED=flags["DQ_SCALED"]
@@ -2413,6 +2417,7 @@ attention_backward_no_causal_mask = _attn_backward_variant(
 attention_backward_delta_rows = _attn_backward_variant(
     "attention_backward_delta_rows", DELTA_ROWS=True
 )
+attention_backward_lse_rows = _attn_backward_variant("attention_backward_lse_rows", LSE_ROWS=True)
 
 
 def _attention_function(name, forward=None, backward=None, nones=2, ctx_scale=True):

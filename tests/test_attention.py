@@ -149,6 +149,7 @@ ATTENTION_FAMILIES = {
     "first head": ["only the first head is right"],
     "exp": ["but you exponentiated them with tl.exp", "tl.exp2 of scores scaled by scale alone"],
     "delta axis": ["subtracted D along the wrong axis"],
+    "lse axis": ["took the lse along the wrong axis"],
     "backward scale": ["your backward used the default scale"],
     "key grid": ["the last, partial block of keys was never written", "no row of keys was written"],
     "half": ["keep m, l and acc in float32"],
@@ -259,6 +260,13 @@ ATTENTION_MISTAKES = [
      "columns, so delta[None, :], not delta[:, None]", {"delta axis"}),
     (broken.attention_backward_delta_rows, False, f"{PRIME_FP16}: dk",
      "subtracted D along the wrong axis", {"delta axis"}),
+    (broken.attention_backward_lse_rows, False, f"{PRIME}: dv",
+     "took the lse along the wrong axis: in the transposed tile the queries run along the "
+     "columns, so lse[None, :], not lse[:, None]", {"lse axis"}),
+    (broken.attention_backward_lse_rows, True, f"{PRIME}: dk",
+     "took the lse along the wrong axis", {"lse axis"}),
+    (broken.attention_backward_lse_rows, False, f"{PRIME_FP16}: dv",
+     "took the lse along the wrong axis", {"lse axis"}),
     (broken.attention_default_scale_in_backward, False, "Nq=20, Nk=77, d=32 (fewer queries "
      "than keys, scale=0.3), float32: grad_k", "your backward used the default scale "
      "1/sqrt(d), not the one forward was given: keep scale on ctx in forward and pass "

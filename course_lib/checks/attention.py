@@ -150,6 +150,11 @@ DELTA_ROWS_HINT = (
     "queries run along the columns, so delta[None, :], not delta[:, None] (which took the D "
     "of other queries, and ran only because BLOCK_M == BLOCK_N)"
 )
+LSE_ROWS_HINT = (
+    "Pᵀ = exp2(Sᵀ - lse) took the lse along the wrong axis: in the transposed tile the "
+    "queries run along the columns, so lse[None, :], not lse[:, None] (which took the lse of "
+    "other queries, and ran only because BLOCK_M == BLOCK_N)"
+)
 BACKWARD_DEFAULT_SCALE_HINT = (
     "your backward used the default scale 1/sqrt(d), not the one forward was given: keep "
     "scale on ctx in forward and pass ctx.scale to flash_backward"
@@ -511,7 +516,7 @@ def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int, heads
 
 def _grads64(
     q, k, v, o, lse, do, causal, scale, *, d_term=True, p_from="lse", dq_scale=1, dk_scale=1,
-    leak_block=None, delta_block=None,
+    leak_block=None, delta_block=None, lse_block=None, lse_past=float("inf"),
 ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """(dq, dk, dv) as a flash backward computes them from the saved o and lse, in float64,
     with one mistake: D left out of dS; P from exp(S) ("exp"), from unscaled scores
@@ -521,7 +526,9 @@ def _grads64(
     skip the blocks past the diagonal, so only the keys of a query's own b-block leak
     (leak_block 0: every key); or, with `delta_block` b, dK's D broadcast along the wrong
     axis of a transposed b x b tile: key j of a tile takes the D of the query at its own
-    place in the tile, (i // b) * b + j % b, where that query exists, 0 past N_q."""
+    place in the tile, (i // b) * b + j % b, where that query exists, 0 past N_q; or, with
+    `lse_block` b, the dK/dV kernel's Pᵀ made with the lse taken likewise (`lse_past` past
+    N_q: what the load's `other` gave), while dQ's kernel uses the right P."""
     q64, k64, v64, do64 = q.double(), k.double(), v.double(), do.double()
     n_q, n_k = q.shape[-2], k.shape[-2]
     s = q64 @ k64.transpose(-1, -2)
@@ -534,24 +541,34 @@ def _grads64(
         "saved log2": lambda: torch.exp(s * scale - lse64 * LOG2E),
         "saved max": lambda: torch.exp(s * scale - _causal_max(s * scale, causal)),
     }[p_from]()
+    i, j = torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
+
+    def tile_place(block: int) -> torch.Tensor:
+        """[Nq, Nk]: the query at key j's place in its transposed block x block tile"""
+        return i[:, None] // block * block + j[None, :] % block
+
+    hidden = torch.zeros(n_q, n_k, dtype=torch.bool, device=q.device)
     if causal:
         hidden = ~_visible(n_q, n_k, True, "right", q.device)
         if leak_block == 0:
             hidden = torch.zeros_like(hidden)
         elif leak_block:
-            i, j = torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
             hidden = hidden & (i[:, None] // leak_block != j[None, :] // leak_block)
-        p = p.masked_fill(hidden, 0.0)
-    dv = p.transpose(-1, -2) @ do64
+    p = p.masked_fill(hidden, 0.0)
+    p_keys = p  # the dK/dV kernel's
+    if lse_block:
+        padded = torch.nn.functional.pad(lse.double(), (0, lse_block), value=lse_past)
+        p_keys = torch.exp(s * scale - padded[..., tile_place(lse_block)]).masked_fill(hidden, 0.0)
+    dv = p_keys.transpose(-1, -2) @ do64
     dp = do64 @ v64.transpose(-1, -2)
     delta = (do64 * o.double()).sum(dim=-1, keepdim=True)  # [..., Nq, 1]
     ds = p * (dp - delta) if d_term else p * dp
     dq = ds @ k64 * scale**dq_scale
     if delta_block:
-        i, j = torch.arange(n_q, device=q.device), torch.arange(n_k, device=q.device)
-        taken = i[:, None] // delta_block * delta_block + j[None, :] % delta_block
         padded = torch.nn.functional.pad(delta[..., 0], (0, delta_block))  # 0 past N_q
-        ds = p * (dp - padded[..., taken])
+        ds = p * (dp - padded[..., tile_place(delta_block)])
+    elif lse_block:
+        ds = p_keys * (dp - delta)
     dk = ds.transpose(-1, -2) @ q64 * scale**dk_scale
     return dq, dk, dv
 
@@ -581,6 +598,9 @@ def _backward_mistakes(causal: bool, scale: float, part: str) -> list[KnownMista
         mistakes.append(mistake(NO_D_HINT, d_term=False))
     if part == "dk":
         mistakes += [mistake(DELTA_ROWS_HINT, delta_block=b) for b in BLOCKS]
+    if part in ("dk", "dv"):  # past N_q the lesson's load gives 0, the finished kernel's inf
+        mistakes += [mistake(LSE_ROWS_HINT, lse_block=b, lse_past=past)
+                     for b in BLOCKS for past in (0.0, float("inf"))]  # fmt: skip
     if part in ("dq", "dk"):
         hint = DQ_SCALE_HINT if part == "dq" else DK_SCALE_HINT
         for times, how in ((0, "you left the scale out"), (2, "you applied it twice")):
