@@ -518,6 +518,52 @@ def test_the_finished_kernel_passes_the_checks_with_bfloat16_on_a_gpu():
     test_the_finished_kernel_passes_the_lessons_checks()
 
 
+@pytest.mark.skipif(runtime.MODE == "gpu", reason="float32 dots would run in TF32 there")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_hopper_forward_computes_the_lessons_forward_in_the_interpreter(causal):
+    """attention_tma.py's kernel, which only a Hopper GPU takes in attention(), run here by
+    hand at a small tile: grouped heads, Nq != Nk, sizes ending inside a block, q strided."""
+    from course_lib.kernels import attention_tma
+
+    for b, h, h_kv, n_q, n_k, d in [(1, 4, 2, 37, 77, 16), (2, 3, 3, 100, 29, 32)]:
+        q, k, v = _qkv(b, h, h_kv, n_q, n_k, d)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        o, lse = torch.empty_like(q), torch.empty(b, h, n_q)
+        attention_tma.forward_launch(q, k, v, causal, 0.3, tile=(32, 32, 4, 1))(q, k, v, o, lse)
+        _close(o, references.attention(q, k, v, causal, 0.3), n_k)
+        _close(lse, references.attention_lse(q, k, v, causal, 0.3), n_k)
+    assert not attention_tma.suits(q, k, v)  # attention() itself runs the lesson's kernel here
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 4, 2, 37, 77, 128), (2, 3, 3, 100, 29, 128), (1, 2, 1, 257, 257, 128),
+     (1, 2, 2, 129, 1000, 128), (1, 1, 1, 1, 5, 128)],
+    ids=["gqa-prime", "more-queries", "gqa-past-blocks", "fewer-queries", "one-query"],
+)  # fmt: skip
+def test_the_hopper_forward_on_awkward_sizes(shape, causal):
+    """The TMA forward (attention_tma.py), which a Hopper GPU runs for 16-bit inputs with d
+    = 128: sizes that end inside a block, Nq != Nk, grouped heads, and q laid out
+    [B, N, H, d] as a fused projection leaves it; o and lse against float64."""
+    from course_lib.kernels import attention_tma
+
+    b, h, h_kv, n_q, n_k, d = shape
+    q, k, v = _qkv(b, h, h_kv, n_q, n_k, d, torch.bfloat16)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    if not attention_tma.suits(q, k, v):
+        pytest.skip("not a GPU the TMA forward runs on")
+    o, lse = kernels.forward(q, k, v, causal, 0.3)
+    _close(o, references.attention(q, k, v, causal, 0.3), n_k)
+    _close(lse, references.attention_lse(q, k, v, causal, 0.3), n_k)
+    # a q one element off a 16-byte boundary breaks the unit's rules: the lesson's kernel
+    offset = torch.empty(q.numel() + 1, device=q.device, dtype=q.dtype)[1:].view(q.shape)
+    offset.copy_(q)
+    assert not attention_tma.suits(offset, k, v)
+    _close(kernels.forward(offset, k, v, causal, 0.3)[0], o.float(), n_k)
+
+
 @pytest.mark.gpu
 def test_memory_grows_linearly_with_the_sequence():
     """Forward and backward at N and 4N: the extra memory grows 4 times, not 16 (no

@@ -28,7 +28,11 @@ def test_there_are_lessons():
 
 
 # appendices about Hopper's instructions: their GPU cells need compute capability 9.0
-HOPPER_APPENDICES = {"05b_matmul_on_hopper.ipynb", "06b_conv2d_on_hopper.ipynb"}
+HOPPER_APPENDICES = {
+    "05b_matmul_on_hopper.ipynb",
+    "06b_conv2d_on_hopper.ipynb",
+    "10b_attention_on_hopper.ipynb",
+}
 
 
 def test_appendices_are_named_after_their_lesson():
@@ -36,6 +40,7 @@ def test_appendices_are_named_after_their_lesson():
         "05b_matmul_on_hopper.ipynb",
         "06b_conv2d_on_hopper.ipynb",
         "08b_what_a_call_costs.ipynb",
+        "10b_attention_on_hopper.ipynb",
     ]
     assert not builder.is_appendix(builder.SOLUTIONS / "05_matmul.ipynb")
     lessons = {p.values[0][:2] for p in LESSONS}

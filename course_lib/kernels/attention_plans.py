@@ -16,6 +16,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
+from course_lib.kernels import attention_tma
 from course_lib.kernels._args import cdiv
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
 from course_lib.kernels._plan import PlanCache, signature, uses_tf32
@@ -119,19 +120,29 @@ class ForwardPlan:
         self.sizes = (*q.stride(), *k.stride(), *v.stride(), H * n_q * d, n_q * d, d,
                       B, H, n_q, n_k, H // max(h_kv, 1))  # fmt: skip
         tuned = not runtime.INTERPRETED and d <= 128 and q.dtype in (torch.float16, torch.bfloat16)
-        if tuned and n_q * n_k >= kernels.tuned_from:
+        if attention_tma.suits(q, k, v):  # a Hopper GPU: the TMA unit moves the tiles
+            self.launch = attention_tma.forward_launch(q, k, v, causal, self.scale)
+        elif tuned and n_q * n_k >= kernels.tuned_from:
             grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)  # noqa: E731
-            self.launch = BoundLaunch(kernels.forward_autotuned, grid, _meta(q, self.scale, causal))
+            self.launch = self._with_sizes(
+                BoundLaunch(kernels.forward_autotuned, grid, _meta(q, self.scale, causal))
+            )
         else:
             tile = _tile(kernels.forward_tiles, kernels, q.dtype, d)
             meta = _meta(q, self.scale, causal, tile)
-            self.launch = BoundLaunch(kernels.forward, (cdiv(n_q, tile[0]), B * H), meta)
+            self.launch = self._with_sizes(
+                BoundLaunch(kernels.forward, (cdiv(n_q, tile[0]), B * H), meta)
+            )
+
+    def _with_sizes(self, launch: BoundLaunch):
+        sizes = self.sizes
+        return lambda q, k, v, o, lse: launch(q, k, v, o, lse, *sizes)
 
     def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         o = q.new_empty(self.shape)
         lse = q.new_empty(self.shape[:3], dtype=self.lse_dtype)
         if not self.empty:
-            self.launch(q, k, v, o, lse, *self.sizes)
+            self.launch(q, k, v, o, lse)
         return o, lse
 
 
