@@ -2071,6 +2071,7 @@ def attn_fwd_variant_kernel(
     MASK_KEYS: tl.constexpr, LOAD_MASK: tl.constexpr, ACC_DTYPE: tl.constexpr,
     TF32_LIKE: tl.constexpr, END_AT_N_K: tl.constexpr, Q_MOVED: tl.constexpr,
     KV_MOVED: tl.constexpr, O_MOVED: tl.constexpr, EXP: tl.constexpr,
+    KEY_END_INCLUSIVE: tl.constexpr,
 ):  # fmt: skip
     """One program per block of queries of one (batch, head), over q, k, v, o as contiguous
     [B*H, N, d] and lse [B*H, n_q]; each switch but the right value makes one mistake."""
@@ -2128,6 +2129,12 @@ def attn_fwd_variant_kernel(
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + 1)
             else:  # mistake: bottom right, j <= i + n_k - n_q
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + n_k - n_q)
+        if KEY_END_INCLUSIVE:  # mistake: the lesson's mask written offs_n <= key_end
+            if CAUSAL:
+                key_end = tl.minimum(offs_m + 1, n_k)
+            else:
+                key_end = tl.full([BLOCK_M], n_k, tl.int32)
+            visible = offs_n[None, :] <= key_end[:, None]
         s = tl.where(visible, s, MASK_VALUE)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         if EXP == "exp":  # mistake: scores in log2 units taken to the base e
@@ -2168,6 +2175,7 @@ ATTN_FORWARD_RIGHT = dict(
     RESCALE=True, SCALES=1, MASK_VALUE=float("-inf"), DIAGONAL=0, NORMALISE_EACH_STEP=False,
     LSE="natural", MASK_KEYS=True, LOAD_MASK=True, ACC_DTYPE=tl.float32, TF32_LIKE=False,
     END_AT_N_K=True, Q_MOVED=True, KV_MOVED=True, O_MOVED=True, EXP="exp2",
+    KEY_END_INCLUSIVE=False,
 )  # fmt: skip
 
 
@@ -2198,6 +2206,9 @@ def _attn_forward_variant(name, **mistake):
 
 
 attention_forward_no_rescale = _attn_forward_variant("attention_forward_no_rescale", RESCALE=False)
+attention_forward_key_end_inclusive = _attn_forward_variant(
+    "attention_forward_key_end_inclusive", KEY_END_INCLUSIVE=True
+)
 attention_forward_scale_never = _attn_forward_variant("attention_forward_scale_never", SCALES=0)
 attention_forward_scale_twice = _attn_forward_variant("attention_forward_scale_twice", SCALES=2)
 attention_forward_mask_zero = _attn_forward_variant("attention_forward_mask_zero", MASK_VALUE=0.0)

@@ -92,6 +92,11 @@ KEYS_UNMASKED_HINT = (
     "s = tl.where(offs_n[None, :] < key_end[:, None], s, float('-inf')), key_end = N_k "
     "(offs_n < N_k)"
 )
+KEY_END_INCLUSIVE_HINT = (
+    "every query saw one key past the last, key N_k: the mask offs_n <= key_end keeps it, "
+    "and its score, 0 from the masked load, took a share of the softmax. Keep the keys "
+    "offs_n < key_end"
+)
 KEYS_UNMASKED_CAUSAL_HINT = (
     "keys past N_k took part in the softmax of the queries past N_k: those keys' scores (0 "
     "from the masked load) must be -inf, so key_end = min(offs_m + 1, N_k), whose min keeps "
@@ -297,21 +302,27 @@ def _visible(n_q: int, n_k: int, causal: bool, diagonal: str, device) -> torch.T
 
 def _flash64(q, k, v, causal, scale, *, block_m=None, block_n=None, skip=True,
              diagonal="right", mask_value=float("-inf"), rescale=True, each_step=False,
-             keys_unmasked=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+             keys_unmasked=False, key_end_inclusive=False,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """What a flash forward computes, block by block in float64, with one mistake:
     (o, m, l), m the running max of the scaled scores (natural units) and l the sum of
-    exp(s - m). `skip`: causal loops stop after the query block's diagonal block."""
+    exp(s - m). `skip`: causal loops stop after the query block's diagonal block.
+    `key_end_inclusive`: the keys j <= key_end seen, key_end = N_k (causal, min(i + 1,
+    N_k)), so key N_k too where its block is visited, a key of zeros from the masked load."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     block_m, block_n = block_m or n_q, block_n or n_k
     q64, k64, v64 = q.double(), k.double(), v.double()
     padded = -(-n_k // block_n) * block_n
     k64 = torch.nn.functional.pad(k64, (0, 0, 0, padded - n_k))  # the masked loads' zeros
     v64 = torch.nn.functional.pad(v64, (0, 0, 0, padded - n_k))
+    i = torch.arange(n_q, device=q.device)
     seen = _visible(n_q, padded, causal, diagonal, q.device)
-    if not keys_unmasked:
+    if key_end_inclusive:
+        key_end = torch.clamp(i + 1, max=n_k) if causal else torch.full_like(i, n_k)
+        seen = torch.arange(padded, device=q.device)[None, :] <= key_end[:, None]
+    elif not keys_unmasked:
         seen = seen & (torch.arange(padded, device=q.device) < n_k)
     # the keys each query's loop visits: whole blocks, up to the diagonal's where it skips
-    i = torch.arange(n_q, device=q.device)
     end = torch.full_like(i, n_k)
     if causal and skip:
         end = torch.clamp(i // block_m * block_m + block_m, max=n_k)
@@ -500,6 +511,10 @@ def _mistakes_for(causal: bool, scale: float, part: str, n_k: int, d: int, heads
     at_blocks(EXP2_NO_LOG2E_HINT, whole, scale_used=scale * math.log(2))
     keys_hint = KEYS_UNMASKED_CAUSAL_HINT if causal else KEYS_UNMASKED_HINT
     at_blocks(keys_hint, [(b, b) for b in BLOCKS if n_k % b], keys_unmasked=True)
+    # offs_n <= key_end: key N_k seen where its block is visited; causal, each query's next
+    inclusive_pairs = _block_pairs(True) if causal else [(b, b) for b in BLOCKS if n_k % b]
+    at_blocks(ONE_PAST_HINT if causal else KEY_END_INCLUSIVE_HINT, inclusive_pairs,
+              key_end_inclusive=True)  # fmt: skip
     if causal:
         pairs = _block_pairs(True)
         at_blocks(DIAGONAL_HIDDEN_HINT, whole, diagonal="hidden")
