@@ -2279,7 +2279,7 @@ def attn_bwd_dkdv_variant_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     D_TERM: tl.constexpr, P_FROM_LSE: tl.constexpr, DK_SCALED: tl.constexpr,
     LSE_UNITS: tl.constexpr, CAUSAL_MASK: tl.constexpr, DELTA_ROWS: tl.constexpr,
-    LSE_ROWS: tl.constexpr,
+    LSE_ROWS: tl.constexpr, LSE_PAST: tl.constexpr,
 ):  # fmt: skip
     start_n = tl.program_id(0) * BLOCK_N
     bh = tl.program_id(1).to(tl.int64)
@@ -2297,7 +2297,8 @@ def attn_bwd_dkdv_variant_kernel(
         q_offs = bh * n_q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         q = tl.load(q_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
         do = tl.load(do_ptr + q_offs, mask=offs_m[:, None] < n_q, other=0.0)
-        lse = tl.load(lse_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=float("inf"))
+        # past n_q: inf, so P is 0 there; the lesson's kernel loads 0 and masks P instead
+        lse = tl.load(lse_ptr + bh * n_q + offs_m, mask=offs_m < n_q, other=LSE_PAST)
         if LSE_UNITS == "natural":
             lse = lse * 1.44269504
         s_t = (
@@ -2368,7 +2369,7 @@ def attn_bwd_dq_variant_kernel(
 
 ATTN_BACKWARD_RIGHT = dict(D_TERM=True, P_FROM_LSE=True, DK_SCALED=True, DQ_SCALED=True,
                            LSE_UNITS="natural", CAUSAL_MASK=True, DELTA_ROWS=False,
-                           LSE_ROWS=False)  # fmt: skip
+                           LSE_ROWS=False, LSE_PAST=float("inf"))  # fmt: skip
 
 
 def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, **mistake):
@@ -2389,7 +2390,7 @@ def _attn_backward(q, k, v, o, lse, do, causal, scale, *, key_grid_floor=False, 
     attn_bwd_dkdv_variant_kernel[(key_blocks, B * H)](
         q3, k3, v3, do3, lse, delta, dk, dv, n_q, n_k, scale, **common,
         P_FROM_LSE=flags["P_FROM_LSE"], DK_SCALED=flags["DK_SCALED"],
-        DELTA_ROWS=flags["DELTA_ROWS"], LSE_ROWS=flags["LSE_ROWS"],
+        DELTA_ROWS=flags["DELTA_ROWS"], LSE_ROWS=flags["LSE_ROWS"], LSE_PAST=flags["LSE_PAST"],
     )  # fmt: skip
     attn_bwd_dq_variant_kernel[(triton.cdiv(n_q, ATTN_BLOCK), B * H)](
         q3, k3, v3, do3, lse, delta, dq, n_q, n_k, scale, **common, DQ_SCALED=flags["DQ_SCALED"]

@@ -296,6 +296,26 @@ def test_attention_checks_name_the_mistake_and_no_other(fn, causal, case, hint, 
     assert_no_other_family(report, families, ATTENTION_FAMILIES)
 
 
+@pytest.mark.parametrize("past", [0.0, float("inf")], ids=["lessons-load", "finished-load"])
+def test_the_lse_axis_replay_is_what_each_load_gives(past):
+    """The lse taken along the wrong axis of the transposed tile: past N_q a kernel gets what
+    its load of the lse gives there, 0 in the lesson's, inf in the finished one's. The replay
+    of each matches its kernel where query tiles run past N_q (37 queries, blocks of 16),
+    and not the other's: both forms are needed."""
+    q, k, v, do = _qkv(1, 2, 2, 37, 37, 32, grad=True)
+    o = references.attention(q, k, v, False, 0.3)
+    lse = references.attention_lse(q, k, v, False, 0.3)
+    broken_lse_rows = broken._attn_backward_variant("lse_rows", LSE_ROWS=True, LSE_PAST=past)
+    _, dk, dv = broken_lse_rows(q, k, v, o, lse, do, False, 0.3)
+    for past_replayed in (0.0, float("inf")):
+        replay = attention_checks._grads64(
+            q, k, v, o, lse, do, False, 0.3, lse_block=broken.ATTN_BLOCK, lse_past=past_replayed
+        )
+        same = [torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4)
+                for got, want in ((dk, replay[1]), (dv, replay[2]))]  # fmt: skip
+        assert same == [past_replayed == past] * 2, (past, past_replayed)
+
+
 def test_no_two_mistakes_with_different_hints_replay_alike():
     """Where a mistake's replay is what a learner's kernel returned, no replay with another
     hint may match it within the case's tolerance, in any case of the four checks, 16-bit
@@ -536,11 +556,10 @@ def test_the_hopper_forward_computes_the_lessons_forward_in_the_interpreter(caus
     for b, h, h_kv, n_q, n_k, d in [(1, 4, 2, 37, 77, 16), (2, 3, 3, 100, 29, 32)]:
         q, k, v = _qkv(b, h, h_kv, n_q, n_k, d)
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
-        o, lse = torch.empty_like(q), torch.empty(b, h, n_q)
+        o, lse = torch.empty(q.shape), torch.empty(b, h, n_q)  # o contiguous, as the plan makes it
         attention_tma.forward_launch(q, k, v, causal, 0.3, tile=(32, 32, 4, 1))(q, k, v, o, lse)
         _close(o, references.attention(q, k, v, causal, 0.3), n_k)
         _close(lse, references.attention_lse(q, k, v, causal, 0.3), n_k)
-    assert not attention_tma.suits(q, k, v)  # attention() itself runs the lesson's kernel here
 
 
 @pytest.mark.gpu
@@ -555,14 +574,18 @@ def test_the_hopper_forward_on_awkward_sizes(shape, causal):
     """The TMA forward (attention_tma.py), which a Hopper GPU runs for 16-bit inputs with d
     = 128: sizes that end inside a block, Nq != Nk, grouped heads, and q laid out
     [B, N, H, d] as a fused projection leaves it; o and lse against float64."""
+    from course_lib.bench import recording_launches
     from course_lib.kernels import attention_tma
 
     b, h, h_kv, n_q, n_k, d = shape
-    q, k, v = _qkv(b, h, h_kv, n_q, n_k, d, torch.bfloat16)
+    dtype = torch.float16 if n_q % 2 else torch.bfloat16
+    q, k, v = _qkv(b, h, h_kv, n_q, n_k, d, dtype)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)
     if not attention_tma.suits(q, k, v):
         pytest.skip("not a GPU the TMA forward runs on")
-    o, lse = kernels.forward(q, k, v, causal, 0.3)
+    with recording_launches() as launches:
+        o, lse = kernels.forward(q, k, v, causal, 0.3)
+    assert [launch.kernel for launch in launches] == [attention_tma.attention_fwd_tma_kernel]
     _close(o, references.attention(q, k, v, causal, 0.3), n_k)
     _close(lse, references.attention_lse(q, k, v, causal, 0.3), n_k)
     # a q one element off a 16-byte boundary breaks the unit's rules: the lesson's kernel

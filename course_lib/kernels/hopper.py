@@ -1,5 +1,5 @@
-"""What the Hopper fast paths (matmul's, linear's and conv2d's TMA kernels) share: which
-GPUs take them, the TMA unit's rules for a matrix, and its descriptors."""
+"""What the Hopper fast paths (matmul's, linear's, conv2d's and attention's TMA kernels)
+share: which GPUs take them, the TMA unit's rules for a matrix, and its descriptors."""
 
 from __future__ import annotations
 
