@@ -486,6 +486,12 @@ def test_bad_input_gets_a_clear_error(change, error, message):
         attention(*change(q, k, v))
 
 
+def test_more_heads_than_a_grid_holds_get_a_clear_error():
+    q = torch.empty(1, 1, 4, 16, device=DEVICE).expand(65536, 1, 4, 16)  # no memory taken
+    with pytest.raises(ValueError, match=r"B \* H = 65536 heads .* at most 65535 sequences"):
+        attention(q, q, q)
+
+
 def test_a_bad_causal_or_scale_gets_a_clear_error():
     q, k, v = _qkv(1, 2, 2, 8, 8, 16)
     with pytest.raises(TypeError, match="causal must be True or False"):

@@ -24,6 +24,7 @@ from course_lib.kernels._plan import PlanCache, signature, uses_tf32
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = math.log2(math.e)  # the kernels' LOG2E: scores in base-2 units for exp2
+MAX_HEADS = 65535  # B * H: CUDA's limit on the grid's second axis, one (batch, head) each
 
 Tile = tuple[int, int, int, int]  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
 
@@ -81,6 +82,13 @@ def check_arguments(q, k, v, causal, scale) -> None:
         )
     if k.shape[2] == 0 and q.shape[2] > 0:
         raise ValueError("attention: no keys (Nk = 0): every query's softmax would be empty")
+    # each (batch, head) is one program along the grid's second axis, which CUDA caps
+    if q.shape[0] * q.shape[1] > MAX_HEADS:
+        raise ValueError(
+            f"attention: B * H = {q.shape[0] * q.shape[1]} heads in all, more than the "
+            f"{MAX_HEADS} a launch's grid holds; call it on slices of the batch, "
+            f"q[i:i + n], of at most {MAX_HEADS // q.shape[1]} sequences each"
+        )
     if type(causal) is not bool:
         raise TypeError(f"attention: causal must be True or False, got {causal!r}")
     if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
