@@ -316,12 +316,13 @@ def _flash64(q, k, v, causal, scale, *, block_m=None, block_n=None, skip=True,
     k64 = torch.nn.functional.pad(k64, (0, 0, 0, padded - n_k))  # the masked loads' zeros
     v64 = torch.nn.functional.pad(v64, (0, 0, 0, padded - n_k))
     i = torch.arange(n_q, device=q.device)
-    seen = _visible(n_q, padded, causal, diagonal, q.device)
     if key_end_inclusive:
         key_end = torch.clamp(i + 1, max=n_k) if causal else torch.full_like(i, n_k)
         seen = torch.arange(padded, device=q.device)[None, :] <= key_end[:, None]
-    elif not keys_unmasked:
-        seen = seen & (torch.arange(padded, device=q.device) < n_k)
+    else:
+        seen = _visible(n_q, padded, causal, diagonal, q.device)
+        if not keys_unmasked:
+            seen = seen & (torch.arange(padded, device=q.device) < n_k)
     # the keys each query's loop visits: whole blocks, up to the diagonal's where it skips
     end = torch.full_like(i, n_k)
     if causal and skip:

@@ -13,7 +13,7 @@ import torch
 
 from course_lib.kernels import conv2d_tma
 from course_lib.kernels._launch import trial_launches
-from course_lib.kernels._plan import PlanCache, into_graph, signature
+from course_lib.kernels._plan import into_graph
 from course_lib.kernels.tiles import SMALL_PRODUCT
 
 # a weight whose rows are not contiguous in K's order is read through its strides up to
@@ -51,7 +51,6 @@ ROUTE_GPU_SHARE = 0.66
 # route took the slowest host measured. A slower host leaves gaps the round counts as GPU time,
 # which leans the choice to x in place, the route with less host work
 ROUTE_QUEUE_CYCLES = 10_000_000
-_NO_PLANS = PlanCache()  # looked up by a timed route, as conv2d looks its plans up
 
 
 def route(
@@ -96,10 +95,7 @@ def route(
         run, final = in_place(), False
     else:  # an NCHW x in between: read in place, unless timing shows copying clearly better
         runs = [in_place(), _tma_route(x_seen, w_seen, bias, out, padding, dilation)]
-        options = (stride, padding, dilation, 1)
-        memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        calls = [_as_conv2d_calls_it(r, out.shape, memory_format, x, weight, bias, options)
-                 for r in runs]  # fmt: skip
+        calls = [_on_new_output(r, out.shape, x, weight, bias) for r in runs]
         run = runs[_choose_route_by_timing(calls)]
     if far_x or far_w:
         planned = run
@@ -157,18 +153,14 @@ def _tma_route(x, weight, bias, out, padding: tuple, dilation: tuple) -> Callabl
     return lambda x, w, b, out: plan(x, w, None if b is None else b.contiguous(), out)
 
 
-def _as_conv2d_calls_it(
-    run, shape, memory_format, x, weight, bias, options: tuple
-) -> Callable[[], None]:
-    """`run` on these arguments at the host's cost of a planned conv2d() call: a
-    signature's look-up, the output's allocation and the route."""
+def _on_new_output(run, shape, x, weight, bias) -> Callable[[], None]:
+    """`run` on these arguments, into an NCHW output allocated by the call as conv2d's is
+    (so that running out of GPU memory shows in the call)."""
 
-    def as_called() -> None:
-        _NO_PLANS.get(signature((x, weight, bias), options))
-        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
-        run(x, weight, bias, out)
+    def call() -> None:
+        run(x, weight, bias, torch.empty(shape, dtype=x.dtype, device=x.device))
 
-    return as_called
+    return call
 
 
 def _choose_route_by_timing(calls: list[Callable[[], None]]) -> int:
