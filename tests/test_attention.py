@@ -580,7 +580,7 @@ def test_the_hopper_forward_on_awkward_sizes(shape, causal):
     """The TMA forward (attention_tma.py), which a Hopper GPU runs for 16-bit inputs with d
     = 128: sizes that end inside a block, Nq != Nk, grouped heads, and q laid out
     [B, N, H, d] as a fused projection leaves it; o and lse against float64."""
-    from course_lib.bench import recording_launches
+    from course_lib.bench.recording import recording_launches
     from course_lib.kernels import attention_tma
 
     b, h, h_kv, n_q, n_k, d = shape
