@@ -420,6 +420,27 @@ def test_gradients_stay_finite_where_every_score_is_far_below_zero(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_backward_is_right_where_its_query_and_key_blocks_differ_in_size(causal, monkeypatch):
+    """The dQ kernel at 64 queries by 32 keys a block and the dK/dV kernel at 32 by 64, as on
+    a GPU, where the causal diagonal crosses two key blocks of one query block (the
+    interpreter's own tile is square): sizes ending inside a block, Nq > Nk and Nq < Nk, a
+    single key, against float64."""
+    from course_lib.kernels import attention_plans as plans
+
+    monkeypatch.setattr(plans, "_tile", lambda table, kernels, dtype, d: table[d])
+    for b, h, h_kv, n_q, n_k, d in [(1, 2, 1, 100, 64, 16), (2, 2, 2, 45, 130, 16),
+                                    (1, 1, 1, 70, 1, 16)]:  # fmt: skip
+        q, k, v, do = _qkv(b, h, h_kv, n_q, n_k, d, grad=True)
+        tiles = kernels.KERNELS._replace(dq_tiles={d: (64, 32, 4, 1)},
+                                         dkdv_tiles={d: (32, 64, 4, 1)})  # fmt: skip
+        o, lse = kernels.forward(q, k, v, causal)
+        plan = plans.BackwardPlan(do, q, k, v, o, lse, causal, d**-0.5, tiles)
+        grads = plan(do, q, k, v, o, lse)
+        for got, want in zip(grads, references.attention_grads(q, k, v, do, causal)):
+            _close(got, want, max(n_q, n_k))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradcheck_in_float64(causal):
     q, k, v = _qkv(1, 4, 2, 5, 7, 16, torch.float64, seed=3)
     leaves = [t.requires_grad_() for t in (q.transpose(1, 2).contiguous().transpose(1, 2), k, v)]

@@ -272,9 +272,10 @@ def attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """dQ [B, H, N_Q, d] for one block of BLOCK_M queries of one (batch, head). Causal, the
-    blocks are numbered from the last: the last see the most keys, so they start first and
-    the short ones fill in as the grid ends."""
+    """dQ [B, H, N_Q, d] for one block of BLOCK_M queries of one (batch, head). When causal,
+    program 0 takes the last block: the last blocks see the most keys, and programs usually
+    start in the order of their ids (axis 0 fastest), so within each head the long ones start
+    first and the short ones fill in at the end."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
     start_m = pid_m * BLOCK_M
     bh = tl.program_id(1)
@@ -311,8 +312,8 @@ def attention_bwd_dq_kernel(
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by head dimension, for 2-byte inputs on a GPU;
 # the backward's for its dK/dV kernel (few queries a step, many keys kept) and its dQ kernel
 # (the reverse). Wider heads hold more registers per row: smaller tiles. Timed on an H200 at
-# N = 4096, causal and not, the backward's at d = 128 came within 2% of the best of 16 (dK/dV)
-# and 13 (dQ) tiles tried, d = 64's within 3% of the best of 10 and 8.
+# N = 4096, causal and not, the backward's tiles at d = 128 came within 2% of the best of 16
+# (dK/dV) and 13 (dQ) tried, d = 64's within 3% of the best of 10 and 8.
 FORWARD_TILES = {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 4, 3),
                  128: (128, 64, 8, 3), 256: (64, 32, 8, 2)}  # fmt: skip
 DKDV_TILES = {16: (32, 128, 4, 3), 32: (32, 128, 4, 3), 64: (32, 128, 4, 3),
