@@ -16,6 +16,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from course_lib import runtime
+from course_lib.kernels import attention_tma
 from course_lib.kernels._args import cdiv
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
 from course_lib.kernels._plan import PlanCache, signature, uses_tf32
@@ -127,10 +128,6 @@ class ForwardPlan:
         self.sizes = (*q.stride(), *k.stride(), *v.stride(), H * n_q * d, n_q * d, d,
                       B, H, n_q, n_k, H // max(h_kv, 1))  # fmt: skip
         tuned = not runtime.INTERPRETED and d <= 128 and q.dtype in (torch.float16, torch.bfloat16)
-        # imported here, not above: attention_tma.py compiles with attention.py's helpers,
-        # and attention.py imports this module
-        from course_lib.kernels import attention_tma
-
         if attention_tma.suits(q, k, v):  # a Hopper GPU: the TMA unit moves the tiles
             self.launch = attention_tma.forward_launch(q, k, v, causal, self.scale)
         elif tuned and n_q * n_k >= kernels.tuned_from:

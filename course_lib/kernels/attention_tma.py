@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from course_lib import runtime
-from course_lib.kernels import attention as lesson  # the lesson kernel's helpers
 from course_lib.kernels._launch import BoundLaunch, LeanLauncher
 from course_lib.kernels._plan import into_graph
 from course_lib.kernels.hopper import TMA_GPUS, capability, descriptor
@@ -84,7 +83,12 @@ def attention_fwd_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    end, unmasked = lesson._key_blocks(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    if CAUSAL:
+        end = tl.minimum(start_m + BLOCK_M, N_K)
+        unmasked = tl.minimum(start_m + 1, N_K) // BLOCK_N * BLOCK_N
+    else:
+        end = N_K
+        unmasked = N_K // BLOCK_N * BLOCK_N
     acc, l_i, m_i = _tma_blocks(
         acc, l_i, m_i, q, k_desc, v_desc, b, kv_h, offs_m, 0, unmasked, N_K, QK_SCALE,
         HEAD_DIM, BLOCK_N, False, CAUSAL, WARP_SPECIALIZE,
