@@ -255,6 +255,79 @@ def test_the_attention_suite_is_registered_around_its_targets_anchor():
         assert all(t.where(suites.ATTENTION_ANCHOR) for t in targets)
 
 
+def test_the_tutorial_comparison_needs_the_tutorials_file(tmp_path, capsys):
+    from course_lib.bench import suites
+
+    assert suites.SUITE_PARTS["attention_tutorial"] is suites.attention_tutorial_suite
+    # as much work per point as the anchor, in one batch
+    for b, h, n, d in suites.TUTORIAL_POINTS:
+        assert b == 1 and h * n * d == suites.ATTENTION_TOKENS * suites.ATTENTION_WIDTH
+    out = str(tmp_path / "b")
+    with pytest.raises(SystemExit):
+        bench_main(["--only", "attention_tutorial", "--out", out])
+    assert "needs --triton-tutorial PATH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["--only", "attention_tutorial", "--triton-tutorial", str(tmp_path / "no.py")])
+    assert "no file at" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["--only", "add", "--triton-tutorial", __file__, "--out", out])
+    assert "is for --only attention_tutorial" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_tutorial_file_without_attention_is_refused_by_name(tmp_path):
+    from course_lib.bench import suites
+
+    empty = tmp_path / "06-fused-attention.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(AttributeError, match="defines no attention"):
+        suites._load_tutorial(empty)
+    with pytest.raises(FileNotFoundError, match="06-fused-attention.py"):
+        suites._load_tutorial(tmp_path / "notes.txt")
+    good = tmp_path / "tutorial.py"
+    good.write_text("def attention(q, k, v, causal, sm_scale):\n    return q\n")
+    assert suites._load_tutorial(good).attention(1, 2, 3, True, 0.5) == 1
+
+
+def _sdpa_attention(q, k, v, causal):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class _ScaledGradient(torch.autograd.Function):
+    """o unchanged, its gradient doubled on the way back: a backward gone wrong."""
+
+    @staticmethod
+    def forward(ctx, o):
+        return o.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+def test_the_tutorial_is_checked_against_ours_before_it_is_timed():
+    from course_lib.bench import suites
+    from course_lib.kernels import attention
+
+    def ours(q, k, v, causal):
+        return attention.attention(q, k, v, causal)
+
+    point = (1, 2, 40, 16)  # a partial last block
+    suites._check_against_ours(_sdpa_attention, ours, point, torch.float32)
+
+    def wrong_backward(q, k, v, causal):
+        return _ScaledGradient.apply(_sdpa_attention(q, k, v, causal))
+
+    with pytest.raises(AssertionError, match="1x2x40x16, causal: dq's relative error"):
+        suites._check_against_ours(wrong_backward, ours, point, torch.float32)
+
+    def no_mask(q, k, v, causal):
+        return _sdpa_attention(q, k, v, False)
+
+    with pytest.raises(AssertionError, match="1x2x40x16, causal: o's relative error"):
+        suites._check_against_ours(no_mask, ours, point, torch.float32)
+
+
 # the first call of a new shape, in fresh processes (course_lib.bench.first_call)
 
 

@@ -1,11 +1,13 @@
 """Run every finished kernel's benchmark; write a markdown report and plots.
 
 python -m course_lib.bench [--out bench_results] [--only add relu]
+python -m course_lib.bench --only attention_tutorial --triton-tutorial PATH
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -21,9 +23,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", choices=sorted(SUITES) + sorted(SUITE_PARTS), default=sorted(SUITES),
         help="the suites to run (all by default); linear_transformer: the linear suite's "
-        "transformer shapes alone",
+        "transformer shapes alone; attention_tutorial: ours against Triton's fused-attention "
+        "tutorial, which needs --triton-tutorial",
+    )  # fmt: skip
+    parser.add_argument(
+        "--triton-tutorial", type=Path, metavar="PATH",
+        help="Triton's fused-attention tutorial, python/tutorials/06-fused-attention.py in a "
+        "checkout of Triton's repository (it is not installed with Triton)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    runners = {**SUITES, **SUITE_PARTS}
+    if "attention_tutorial" in args.only:
+        if args.triton_tutorial is None:
+            parser.error("--only attention_tutorial needs --triton-tutorial PATH")
+        if not args.triton_tutorial.is_file():
+            parser.error(f"--triton-tutorial: no file at {args.triton_tutorial}")
+        runners["attention_tutorial"] = functools.partial(
+            runners["attention_tutorial"], tutorial=args.triton_tutorial
+        )
+    elif args.triton_tutorial is not None:
+        parser.error("--triton-tutorial is for --only attention_tutorial")
 
     course_lib.show_environment()
     if not course_lib.gpu_only("Benchmarking"):
@@ -50,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     report = args.out / "report.md"
     for name in args.only:
-        for result in {**SUITES, **SUITE_PARTS}[name](ceiling):
+        for result in runners[name](ceiling):
             section = result.table()
             print(section, end="\n\n", flush=True)
             if isinstance(result, Sweep):  # a table of first calls has nothing to plot

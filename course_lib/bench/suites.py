@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -668,21 +669,101 @@ def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
     the peak memory of a causal step against SDPA's math backend, which writes the scores."""
     from torch.nn.attention import SDPBackend
 
+    sides = _attention_sides(torch.bfloat16)
+    yield from _attention_sweeps(sides, torch.bfloat16, ATTENTION_POINTS, ATTENTION_TARGETS)
+    yield _attention_memory_sweep(sides["ours"], _sdpa(SDPBackend.MATH))
+
+
+# Triton's fused-attention tutorial runs float16 alone, its backward is causal alone, and it
+# tunes its forward per length on a first call: it is timed at the anchor's length. One
+# batch of as many heads as the anchor's batches hold: the tutorial's TMA forward finds a
+# head's rows from its batch wrongly in some versions
+TUTORIAL_POINTS = [(1, ATTENTION_TOKENS // 4096 * ATTENTION_WIDTH // d, 4096, d) for d in (128, 64)]
+
+
+def attention_tutorial_suite(ceiling_gbps: float, tutorial: Path) -> Iterator[Sweep]:
+    """float16 attention at TUTORIAL_POINTS: ours, Triton's fused-attention tutorial (the
+    file `tutorial`, python/tutorials/06-fused-attention.py of a Triton checkout: its
+    `attention(q, k, v, causal, sm_scale)`), and SDPA's flash and cuDNN backends, after a
+    check that the tutorial's output and causal gradients agree with ours at each point."""
+    module = _load_tutorial(tutorial)
+
+    def theirs(q, k, v, causal):
+        return module.attention(q, k, v, causal, q.shape[-1] ** -0.5)
+
+    sides = _attention_sides(torch.float16)
+    sides = {"ours": sides.pop("ours"), **sides, "Triton tutorial": theirs}
+    for point in TUTORIAL_POINTS:
+        _check_against_ours(theirs, sides["ours"], point, torch.float16)
+    yield from _attention_sweeps(
+        sides, torch.float16, TUTORIAL_POINTS, {}, causal_steps_only=("Triton tutorial",)
+    )
+
+
+def _load_tutorial(path: Path):
+    """Triton's fused-attention tutorial, imported from its file."""
+    import importlib.util
+
+    if not path.is_file() or path.suffix != ".py":
+        raise FileNotFoundError(
+            f"{path} is not a Python file: pass the fused-attention tutorial of a Triton "
+            f"checkout, python/tutorials/06-fused-attention.py"
+        )
+    spec = importlib.util.spec_from_file_location("triton_fused_attention_tutorial", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "attention", None)):
+        raise AttributeError(f"{path} defines no attention(q, k, v, causal, sm_scale)")
+    return module
+
+
+def _check_against_ours(theirs, ours, point, dtype) -> None:
+    """Raise unless `theirs` gives ours's o at `point`, causal and not, and the causal dq, dk
+    and dv, to within a relative norm of 1e-2 (as run_sweep checks each kernel against its
+    reference)."""
+    for causal in (False, True):
+        tensors = [torch.randn(*point, device=runtime.DEVICE, dtype=dtype) for _ in range(4)]
+        leaves = [t.requires_grad_() for t in tensors[:3]]
+        results = []
+        for fn in (theirs, ours):
+            o = fn(*leaves, causal)
+            grads = torch.autograd.grad(o, leaves, tensors[3]) if causal else ()
+            results.append([o.detach(), *grads])
+        for name, got, want in zip(("o", "dq", "dk", "dv"), *results):
+            error = float((got.double() - want.double()).norm() / want.double().norm())
+            if not error < 1e-2:
+                raise AssertionError(
+                    f"Triton's tutorial disagrees with ours at {label(point)}"
+                    f"{', causal' if causal else ''}: {name}'s relative error {error:.1e}"
+                )
+
+
+def _attention_sides(dtype) -> dict[str, Callable]:
+    """Ours and SDPA's flash and cuDNN backends as (q, k, v, causal) -> o, without a backend
+    this GPU or this torch lacks."""
+    from torch.nn.attention import SDPBackend
+
     from course_lib.kernels import attention as attention_kernels
 
-    dtype, ceiling = torch.bfloat16, matmul_peak(torch.bfloat16)
     sides = {
         "ours": lambda q, k, v, causal: attention_kernels.attention(q, k, v, causal),
         "SDPA flash": _sdpa(SDPBackend.FLASH_ATTENTION),
         "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION),
     }
-    # a backend this GPU or this torch lacks is left out, with its targets
     probe = [torch.randn(1, 1, 128, 64, device=runtime.DEVICE, dtype=dtype) for _ in range(3)]
     for name in ("SDPA flash", "SDPA cuDNN"):
         try:
             sides[name](*probe, True)
         except RuntimeError:
             del sides[name]
+    return sides
+
+
+def _attention_sweeps(sides, dtype, points, targets, causal_steps_only=()) -> Iterator[Sweep]:
+    """The forward and a step's forward and backward, causal and not, of sides["ours"]
+    against the other sides (the first of them the reference run_sweep checks ours with);
+    the sides named in `causal_steps_only` have a causal backward alone."""
+    ceiling = matmul_peak(dtype)
 
     def make(point, requires_grad):
         b, h, n, d = point
@@ -710,15 +791,17 @@ def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
                 f"attention {name}{', causal' if causal else ''}, B x H x N x d", dtype,
                 ceiling, unit="TFLOP/s", ceiling_name="torch.matmul at 8192^3",
             )  # fmt: skip
-            sweep.targets = [t for t in ATTENTION_TARGETS[name] if t.baseline in sides]
+            sweep.targets = [t for t in targets.get(name, ()) if t.baseline in sides]
             sweep.launcher = not requires_grad  # a step is autograd's work as much as launches
-            baselines = {n: call(fn) for n, fn in sides.items() if n != "ours"}
+            baselines = {
+                n: call(fn) for n, fn in sides.items()
+                if n != "ours" and (causal or not requires_grad or n not in causal_steps_only)
+            }  # fmt: skip
             yield run_sweep(
-                sweep, call(sides["ours"]), baselines, ATTENTION_POINTS,
+                sweep, call(sides["ours"]), baselines, points,
                 lambda point, requires_grad=requires_grad: make(point, requires_grad),
                 throughput, rounds=3,
             )  # fmt: skip
-    yield _attention_memory_sweep(sides["ours"], _sdpa(SDPBackend.MATH))
 
 
 def _attention_memory_sweep(ours, naive) -> Sweep:
@@ -762,4 +845,9 @@ def first_call_suite(ceiling_gbps: float) -> Iterator[FirstCallTable]:
 
 SUITES["first_call"] = first_call_suite
 # parts of a suite that can be run alone too (--only); a full run runs them in their suite
-SUITE_PARTS = {"linear_transformer": linear_transformer_suite}
+# parts of a suite, run when named; attention_tutorial needs the tutorial's file, given by
+# python -m course_lib.bench's --triton-tutorial
+SUITE_PARTS = {
+    "linear_transformer": linear_transformer_suite,
+    "attention_tutorial": attention_tutorial_suite,
+}

@@ -9,8 +9,8 @@ descriptor over [B, heads, N, d]: a block of keys is one request to the TMA unit
 copies it into shared memory on its own, while the warps compute, and fills the rows past N
 with zeros, where the lesson's kernel computes an address and a mask per element and holds
 the addresses in registers. Measured on an H200 (bf16, d = 128, N = 4096), the forward ran
-13-16% faster than the lesson's kernel at the same tile, and 11-16% causal, where the
-lesson's kernel runs a 128 x 64 one (two runs); at smaller heads it gained nothing, and is
+13-18% faster than the lesson's kernel at the same tile, and 11-17% causal, where the
+lesson's kernel runs a 128 x 64 one (three runs); at smaller heads it gained nothing, and is
 not taken (figures in appendix 10b).
 """
 
