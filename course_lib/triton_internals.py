@@ -259,14 +259,15 @@ _jitted: dict = {}
 
 def _as_jit(fn):
     """A JITFunction of `fn` whose globals hold JITFunctions where the interpreter put
-    its own wrappers, so that calls to other @triton.jit helpers compile too."""
+    its own wrappers, so that calls to other @triton.jit helpers compile too: helpers named
+    directly (`helper(x)`) and helpers reached through their module (`module.helper(x)`)."""
     if fn not in _jitted:
         _jitted[fn] = None  # a helper that calls itself resolves to the plain function
+        names = fn.__code__.co_names  # the globals it reads, and the attributes
         globals_ = dict(fn.__globals__)
-        for name in fn.__code__.co_names:
-            value = globals_.get(name)
-            if isinstance(value, InterpretedFunction):
-                globals_[name] = _as_jit(value.fn)
+        for name in names:
+            if name in globals_:
+                globals_[name] = _jit_view(globals_[name], names)
         rebound = types.FunctionType(
             fn.__code__, globals_, fn.__name__, fn.__defaults__, fn.__closure__
         )
@@ -275,6 +276,34 @@ def _as_jit(fn):
         rebound.__module__ = fn.__module__
         _jitted[fn] = JITFunction(rebound)
     return _jitted[fn]
+
+
+def _jit_view(value, names, seen=()):
+    """`value` as a compile should see it: an interpreter's wrapper as its JITFunction; a
+    module (not Triton's own, which _library_as_jit handles) that holds such wrappers under
+    `names`, directly or in its modules under `names`, as a copy holding JITFunctions;
+    anything else as it is."""
+    if isinstance(value, InterpretedFunction):
+        return _as_jit(value.fn)
+    if (
+        not isinstance(value, types.ModuleType)
+        or value.__name__.split(".")[0] == "triton"
+        or value in seen
+    ):
+        return value
+    swapped = {}
+    for name in names:
+        if name in vars(value):
+            attribute = vars(value)[name]
+            viewed = _jit_view(attribute, names, (*seen, value))
+            if viewed is not attribute:
+                swapped[name] = viewed
+    if not swapped:
+        return value
+    view = types.ModuleType(value.__name__)
+    vars(view).update(vars(value))
+    vars(view).update(swapped)
+    return view
 
 
 @contextlib.contextmanager
@@ -317,8 +346,29 @@ def _make_ir(source, options) -> None:
     codegen = dict(backend.get_codegen_implementation(options))
     if "min_dot_size" in codegen:
         codegen["min_dot_size"] = _oldest_dot_size(codegen["min_dot_size"])
-    with _library_as_jit():
+    with _language_restored(), _library_as_jit():
         source.make_ir(GPUTarget(*_TARGET), options, codegen, backend.get_module_map(), context)
+
+
+@contextlib.contextmanager
+def _language_restored():
+    """Leave triton.language as the compile found it, whatever the compile ran: an
+    interpreted function called by mistake patches the language for the interpreter and
+    leaves it so, and every later compile in the process would then fail."""
+    from triton.language import core, math
+
+    owners = [sys.modules["triton.language"], core, math, core.tensor]
+    owners.append(getattr(core, "tensor_descriptor_base", core.tensor))
+    saved = [(owner, dict(vars(owner))) for owner in owners]
+    try:
+        yield
+    finally:
+        for owner, before in saved:
+            for name in set(vars(owner)) - set(before):
+                delattr(owner, name)
+            for name, value in before.items():
+                if vars(owner).get(name) is not value:
+                    setattr(owner, name, value)
 
 
 def _oldest_dot_size(newest):

@@ -1,6 +1,7 @@
 """The interpreter's warning about kernels a GPU compile would refuse."""
 
 import contextlib
+import types
 import warnings
 
 import pytest
@@ -27,6 +28,29 @@ def softmax_row_fp32(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=offsets < n, other=-float("inf")).to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=0))
     tl.store(out_ptr + offsets, doubled(e / tl.sum(e, axis=0)) / 2, mask=offsets < n)
+
+
+# a module of helpers, as a kernel reaches another module's helper: `helpers.doubled(x)`,
+# and a package holding it: `package.helpers.doubled(x)`
+helpers = types.ModuleType("helpers")
+helpers.doubled = doubled
+package = types.ModuleType("package")
+package.helpers = helpers
+
+
+@triton.jit
+def softmax_row_through_a_module(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + offsets, helpers.doubled(e / tl.sum(e, axis=0)) / 2, mask=offsets < n)
+
+
+@triton.jit
+def doubled_through_a_package(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, package.helpers.doubled(x), mask=offsets < n)
 
 
 @triton.jit
@@ -62,6 +86,30 @@ def test_a_kernel_that_compiles_for_a_gpu_runs_without_a_warning():
         warnings.simplefilter("error", GPUCompileWarning)
         x, out = _launch(softmax_row_fp32)
     torch.testing.assert_close(out, torch.softmax(x.float(), 0).half())
+
+
+def test_a_helper_reached_through_its_module_compiles_and_later_checks_stay_sound():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        x, out = _launch(softmax_row_through_a_module, n=61)
+        torch.testing.assert_close(out, torch.softmax(x.float(), 0).half())
+        x, out = _launch(doubled_through_a_package, torch.float32, n=23)
+        torch.testing.assert_close(out, 2 * x)
+        _launch(softmax_row_fp32, torch.float32, n=29)  # the next check in this process
+    assert helpers.doubled is doubled and package.helpers is helpers  # left as they were
+
+
+def test_a_compile_that_ran_interpreted_code_leaves_the_language_as_it_found_it():
+    from triton.runtime import interpreter
+
+    from course_lib import triton_internals
+
+    watched = [(tl_core, "load"), (tl_core, "program_id"), (tl, "exp"), (tl_core.tensor, "to")]
+    before = [getattr(owner, name) for owner, name in watched]
+    with triton_internals._language_restored():
+        interpreter._patch_lang(doubled.fn)  # what calling an interpreted helper does
+        assert [getattr(owner, name) for owner, name in watched] != before
+    assert [getattr(owner, name) for owner, name in watched] == before
 
 
 def test_float16_exp_is_reported_with_the_float32_fix():

@@ -83,8 +83,8 @@ def attention_fwd_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # attention._key_blocks, written out: the interpreter's check of what a GPU would compile
-    # (gpu_rules.py) resolves only helpers of the kernel's own module
+    # attention._key_blocks, written out: attention.py reaches this module through its plans,
+    # and importing it from here would close a circle
     if CAUSAL:
         end = tl.minimum(start_m + BLOCK_M, N_K)
         unmasked = tl.minimum(start_m + 1, N_K) // BLOCK_N * BLOCK_N
