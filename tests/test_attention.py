@@ -589,6 +589,30 @@ def test_the_hopper_forward_computes_the_lessons_forward_in_the_interpreter(caus
         _close(lse, references.attention_lse(q, k, v, causal, 0.3), n_k)
 
 
+@pytest.mark.skipif(runtime.MODE == "gpu", reason="float32 dots would run in TF32 there")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_hopper_backward_computes_the_lessons_gradients_in_the_interpreter(causal):
+    """attention_tma.py's dK/dV and dQ kernels, run here by hand at tiles of 32 queries by
+    16 keys and the reverse (the causal diagonal crosses two blocks): grouped heads, Nq !=
+    Nk, sizes ending inside a block, a single key, q strided; against float64."""
+    from course_lib.kernels import attention_tma
+
+    for b, h, h_kv, n_q, n_k, d in [(1, 4, 2, 37, 77, 16), (2, 3, 3, 100, 29, 32),
+                                    (1, 2, 1, 45, 1, 16)]:  # fmt: skip
+        q, k, v, do = _qkv(b, h, h_kv, n_q, n_k, d, grad=True)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        o, lse = kernels.forward(q, k, v, causal, 0.3)
+        delta = (o * do).sum(-1)
+        dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
+        want = references.attention_grads(q, k, v, do, causal, 0.3)
+        for tile in [(32, 16, 4, 1), (16, 32, 4, 1)]:
+            dkdv = attention_tma.dkdv_launch(q, k, v, do, causal, 0.3, tile)
+            dkdv(q, k, v, do, lse, delta, dk, dv)
+            attention_tma.dq_launch(q, k, v, do, causal, 0.3, tile)(q, k, v, do, lse, delta, dq)
+            for got, expected in zip((dq, dk, dv), want):
+                _close(got, expected, max(n_q, n_k))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(
@@ -620,6 +644,48 @@ def test_the_hopper_forward_on_awkward_sizes(shape, causal):
     offset.copy_(q)
     assert not attention_tma.suits(offset, k, v)
     _close(kernels.forward(offset, k, v, causal, 0.3)[0], o.float(), n_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 4, 2, 37, 77, 128), (2, 3, 3, 100, 29, 64), (1, 2, 1, 257, 257, 128),
+     (1, 2, 2, 129, 1000, 64), (1, 1, 1, 1, 5, 128)],
+    ids=["gqa-prime", "more-queries", "gqa-past-blocks", "fewer-queries", "one-query"],
+)  # fmt: skip
+def test_the_hopper_backward_on_awkward_sizes(shape, causal):
+    """The TMA dK/dV kernel (d = 128) and dQ kernel (d = 64 and 128), which a Hopper GPU
+    runs for 16-bit inputs: the kernels launched, and the gradients against float64, with q
+    laid out [B, N, H, d]; a dO off a 16-byte boundary goes to the lesson's kernels."""
+    from course_lib.bench.recording import recording_launches
+    from course_lib.kernels import attention_tma
+
+    b, h, h_kv, n_q, n_k, d = shape
+    dtype = torch.float16 if n_q % 2 else torch.bfloat16
+    q, k, v, do = _qkv(b, h, h_kv, n_q, n_k, d, dtype, grad=True)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    if not attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
+        pytest.skip("not a GPU the TMA backward runs on")
+    o, lse = kernels.forward(q, k, v, causal, 0.3)
+    with recording_launches() as launches:
+        grads = kernels.backward(do, q, k, v, o, lse, causal, 0.3)
+    tma = {attention_tma.attention_dkdv_tma_kernel, attention_tma.attention_dq_tma_kernel}
+    expected = {attention_tma.attention_dq_tma_kernel} | (
+        {attention_tma.attention_dkdv_tma_kernel} if d in attention_tma.TMA_DKDV_TILES else set()
+    )
+    assert {launch.kernel for launch in launches} & tma == expected
+    want = references.attention_grads(q, k, v, do, causal, 0.3)
+    for got, expected_grad in zip(grads, want):
+        _close(got, expected_grad, max(n_q, n_k))
+    offset = torch.empty(do.numel() + 1, device=do.device, dtype=do.dtype)[1:].view(do.shape)
+    offset.copy_(do)
+    assert not attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, offset)
+    with recording_launches() as launches:
+        pointer_grads = kernels.backward(offset, q, k, v, o, lse, causal, 0.3)
+    assert not {launch.kernel for launch in launches} & tma
+    for got, expected_grad in zip(pointer_grads, grads):
+        _close(got, expected_grad.float(), max(n_q, n_k))
 
 
 @pytest.mark.gpu

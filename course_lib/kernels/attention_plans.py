@@ -132,19 +132,16 @@ class ForwardPlan:
             self.launch = attention_tma.forward_launch(q, k, v, causal, self.scale)
         elif tuned and n_q * n_k >= kernels.tuned_from:
             grid = lambda meta: (cdiv(n_q, meta["BLOCK_M"]), B * H)  # noqa: E731
-            self.launch = self._with_sizes(
-                BoundLaunch(kernels.forward_autotuned, grid, _meta(q, self.scale, causal))
+            self.launch = _with_sizes(
+                BoundLaunch(kernels.forward_autotuned, grid, _meta(q, self.scale, causal)),
+                self.sizes,
             )
         else:
             tile = _tile(kernels.forward_tiles, kernels, q.dtype, d)
             meta = _meta(q, self.scale, causal, tile)
-            self.launch = self._with_sizes(
-                BoundLaunch(kernels.forward, (cdiv(n_q, tile[0]), B * H), meta)
+            self.launch = _with_sizes(
+                BoundLaunch(kernels.forward, (cdiv(n_q, tile[0]), B * H), meta), self.sizes
             )
-
-    def _with_sizes(self, launch: BoundLaunch):
-        sizes = self.sizes
-        return lambda q, k, v, o, lse: launch(q, k, v, o, lse, *sizes)
 
     def __call__(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         o = q.new_empty(self.shape)
@@ -156,7 +153,8 @@ class ForwardPlan:
 
 class BackwardPlan:
     """attention's backward for tensors laid out like these: D's pre-pass, then the dK/dV
-    and the dQ kernels, each launch bound once."""
+    and the dQ kernels, each launch bound once; on a Hopper GPU each of the two takes
+    attention_tma.py's kernel where that suits (attention_tma.backward_suits)."""
 
     def __init__(self, do, q, k, v, o, lse, causal: bool, scale: float, kernels: Kernels):
         (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
@@ -169,13 +167,23 @@ class BackwardPlan:
         self.delta = BoundLaunch(kernels.delta, (cdiv(n_q, dq[0]), B * H), delta_meta)
         self.delta_sizes = (*o.stride()[:3], *do.stride(), H, n_q)
         strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-        dkdv = _tile(kernels.dkdv_tiles, kernels, q.dtype, d)
-        self.dkdv = BoundLaunch(kernels.dkdv, (cdiv(n_k, dkdv[1]), B * h_kv),
-                                _meta(q, scale, causal, dkdv) | dict(SCALE=scale))  # fmt: skip
-        self.dkdv_sizes = (*strides, h_kv * n_k * d, n_k * d, d, h_kv, n_q, n_k, group)
-        self.dq = BoundLaunch(kernels.dq, (cdiv(n_q, dq[0]), B * H),
-                              _meta(q, scale, causal, dq) | dict(SCALE=scale))  # fmt: skip
-        self.dq_sizes = (*strides, H * n_q * d, n_q * d, d, H, n_q, n_k, group)
+        if attention_tma.backward_suits(attention_tma.TMA_DKDV_TILES, q, k, v, do):
+            self.dkdv = attention_tma.dkdv_launch(q, k, v, do, causal, scale)
+        else:
+            dkdv = _tile(kernels.dkdv_tiles, kernels, q.dtype, d)
+            self.dkdv = _with_sizes(
+                BoundLaunch(kernels.dkdv, (cdiv(n_k, dkdv[1]), B * h_kv),
+                            _meta(q, scale, causal, dkdv) | dict(SCALE=scale)),
+                (*strides, h_kv * n_k * d, n_k * d, d, h_kv, n_q, n_k, group),
+            )  # fmt: skip
+        if attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
+            self.dq = attention_tma.dq_launch(q, k, v, do, causal, scale)
+        else:
+            self.dq = _with_sizes(
+                BoundLaunch(kernels.dq, (cdiv(n_q, dq[0]), B * H),
+                            _meta(q, scale, causal, dq) | dict(SCALE=scale)),
+                (*strides, H * n_q * d, n_q * d, d, H, n_q, n_k, group),
+            )  # fmt: skip
         self.delta_dtype = lse.dtype
 
     def __call__(self, do, q, k, v, o, lse):
@@ -186,9 +194,14 @@ class BackwardPlan:
             return dq.zero_(), dk.zero_(), dv.zero_()
         delta = q.new_empty(self.shapes[2], dtype=self.delta_dtype)
         self.delta(o, do, delta, *self.delta_sizes)
-        self.dkdv(q, k, v, do, lse, delta, dk, dv, *self.dkdv_sizes)
-        self.dq(q, k, v, do, lse, delta, dq, *self.dq_sizes)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv)
+        self.dq(q, k, v, do, lse, delta, dq)
         return dq, dk, dv
+
+
+def _with_sizes(launch: BoundLaunch, sizes: tuple):
+    """The launch as a function of its tensors alone, the plan's sizes and strides after."""
+    return lambda *tensors: launch(*tensors, *sizes)
 
 
 _plans, _backward_plans = PlanCache(), PlanCache()
