@@ -353,13 +353,17 @@ def _make_ir(source, options) -> None:
 @contextlib.contextmanager
 def _language_restored():
     """Leave triton.language as the compile found it, whatever the compile ran: an
-    interpreted function called by mistake patches the language for the interpreter and
-    leaves it so, and every later compile in the process would then fail."""
-    from triton.language import core, math
-
-    owners = [sys.modules["triton.language"], core, math, core.tensor]
-    owners.append(getattr(core, "tensor_descriptor_base", core.tensor))
-    saved = [(owner, dict(vars(owner))) for owner in owners]
+    interpreted function called by mistake patches the language for the interpreter (its
+    builtins, and methods of its classes: tensor, dtype, condition, ...) and leaves it so,
+    and every later compile in the process would then fail."""
+    modules = [m for name, m in sys.modules.items() if name.startswith("triton.language")]
+    classes = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type) and value.__module__.startswith("triton.language")
+    }
+    saved = [(owner, dict(vars(owner))) for owner in (*modules, *classes)]
     try:
         yield
     finally:

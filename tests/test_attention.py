@@ -4,6 +4,7 @@ diagonal, every head size), gradcheck, its operator in torch.compile, what it sa
 bad input; and the lesson's checkers against deliberately broken kernels."""
 
 import functools
+import math
 import time
 
 import broken_kernels as broken
@@ -603,9 +604,10 @@ def test_the_hopper_backward_computes_the_lessons_gradients_in_the_interpreter(c
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
         o, lse = kernels.forward(q, k, v, causal, 0.3)
         delta = (o * do).sum(-1)
-        dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
         want = references.attention_grads(q, k, v, do, causal, 0.3)
         for tile in [(32, 16, 4, 1), (16, 32, 4, 1)]:
+            # NaN where a kernel writes nothing; the plan makes its outputs contiguous
+            dq, dk, dv = (torch.full(t.shape, math.nan) for t in (q, k, v))
             dkdv = attention_tma.dkdv_launch(q, k, v, do, causal, 0.3, tile)
             dkdv(q, k, v, do, lse, delta, dk, dv)
             attention_tma.dq_launch(q, k, v, do, causal, 0.3, tile)(q, k, v, do, lse, delta, dq)
@@ -665,7 +667,7 @@ def test_the_hopper_backward_on_awkward_sizes(shape, causal):
     dtype = torch.float16 if n_q % 2 else torch.bfloat16
     q, k, v, do = _qkv(b, h, h_kv, n_q, n_k, d, dtype, grad=True)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)
-    if not attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
+    if not attention_tma.tma_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
         pytest.skip("not a GPU the TMA backward runs on")
     o, lse = kernels.forward(q, k, v, causal, 0.3)
     with recording_launches() as launches:
@@ -680,7 +682,7 @@ def test_the_hopper_backward_on_awkward_sizes(shape, causal):
         _close(got, expected_grad, max(n_q, n_k))
     offset = torch.empty(do.numel() + 1, device=do.device, dtype=do.dtype)[1:].view(do.shape)
     offset.copy_(do)
-    assert not attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, offset)
+    assert not attention_tma.tma_suits(attention_tma.TMA_DQ_TILES, q, k, v, offset)
     with recording_launches() as launches:
         pointer_grads = kernels.backward(offset, q, k, v, o, lse, causal, 0.3)
     assert not {launch.kernel for launch in launches} & tma

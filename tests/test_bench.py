@@ -268,7 +268,7 @@ def test_the_tutorial_comparison_needs_the_tutorials_file(tmp_path, capsys):
     assert "needs --triton-tutorial PATH" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_main(["--only", "attention_tutorial", "--triton-tutorial", str(tmp_path / "no.py")])
-    assert "no file at" in capsys.readouterr().err
+    assert "no Python file at" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_main(["--only", "add", "--triton-tutorial", __file__, "--out", out])
     assert "is for --only attention_tutorial" in capsys.readouterr().err
@@ -281,12 +281,12 @@ def test_a_tutorial_file_without_attention_is_refused_by_name(tmp_path):
     empty = tmp_path / "06-fused-attention.py"
     empty.write_text("x = 1\n")
     with pytest.raises(AttributeError, match="defines no attention"):
-        suites._load_tutorial(empty)
+        suites.load_tutorial(empty)
     with pytest.raises(FileNotFoundError, match="06-fused-attention.py"):
-        suites._load_tutorial(tmp_path / "notes.txt")
+        suites.load_tutorial(tmp_path / "notes.txt")
     good = tmp_path / "tutorial.py"
     good.write_text("def attention(q, k, v, causal, sm_scale):\n    return q\n")
-    assert suites._load_tutorial(good).attention(1, 2, 3, True, 0.5) == 1
+    assert suites.load_tutorial(good).attention(1, 2, 3, True, 0.5) == 1
 
 
 def _sdpa_attention(q, k, v, causal):

@@ -99,17 +99,50 @@ def test_a_helper_reached_through_its_module_compiles_and_later_checks_stay_soun
     assert helpers.doubled is doubled and package.helpers is helpers  # left as they were
 
 
-def test_a_compile_that_ran_interpreted_code_leaves_the_language_as_it_found_it():
-    from triton.runtime import interpreter
+@triton.jit
+def doubled_through_a_module(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, helpers.doubled(x), mask=offsets < n)
 
+
+@triton.jit
+def bits_of(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, (x.to(tl.uint32, bitcast=True) >> 1).to(tl.int32), mask=offsets < n)
+
+
+WATCHED = [(tl_core, "load"), (tl, "exp"), (tl_core.tensor, "__repr__"), (tl_core.dtype, "to_ir")]
+
+
+def test_an_interpreted_call_inside_a_compile_is_undone_after_it():
     from course_lib import triton_internals
 
-    watched = [(tl_core, "load"), (tl_core, "program_id"), (tl, "exp"), (tl_core.tensor, "to")]
-    before = [getattr(owner, name) for owner, name in watched]
+    before = [getattr(owner, name) for owner, name in WATCHED]
     with triton_internals._language_restored():
-        interpreter._patch_lang(doubled.fn)  # what calling an interpreted helper does
-        assert [getattr(owner, name) for owner, name in watched] != before
-    assert [getattr(owner, name) for owner, name in watched] == before
+        assert doubled(3) == 6  # a helper called outside a launch: the interpreter patches
+        assert [getattr(owner, name) for owner, name in WATCHED] != before
+    assert [getattr(owner, name) for owner, name in WATCHED] == before
+
+
+def test_a_compile_that_ran_interpreted_code_leaves_later_checks_sound(monkeypatch):
+    from course_lib import triton_internals
+
+    # a helper the swap for compiled forms misses: the compile calls the interpreter's
+    monkeypatch.setattr(triton_internals, "_jit_view", lambda value, names, seen=(): value)
+    before = [getattr(owner, name) for owner, name in WATCHED]
+    with pytest.warns(GPUCompileWarning, match="helpers.doubled"):
+        _launch(doubled_through_a_module, torch.float32, n=19)
+    assert [getattr(owner, name) for owner, name in WATCHED] == before
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUCompileWarning)
+        x = torch.randn(40)
+        out = torch.empty(40, dtype=torch.int32)
+        bits_of[(1,)](x, out, 40, BLOCK=64)
+        _launch(softmax_row_fp32, torch.float32, n=43)
+    torch.testing.assert_close(out, (x.view(torch.int32) >> 1) & 0x7FFFFFFF)
 
 
 def test_float16_exp_is_reported_with_the_float32_fix():

@@ -36,11 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if "attention_tutorial" in args.only:
         if args.triton_tutorial is None:
             parser.error("--only attention_tutorial needs --triton-tutorial PATH")
-        if not args.triton_tutorial.is_file():
-            parser.error(f"--triton-tutorial: no file at {args.triton_tutorial}")
-        runners["attention_tutorial"] = functools.partial(
-            runners["attention_tutorial"], tutorial=args.triton_tutorial
-        )
+        if not args.triton_tutorial.is_file() or args.triton_tutorial.suffix != ".py":
+            parser.error(f"--triton-tutorial: no Python file at {args.triton_tutorial}")
     elif args.triton_tutorial is not None:
         parser.error("--triton-tutorial is for --only attention_tutorial")
 
@@ -54,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     from course_lib.bench.sweep import Sweep, plot_sweep
     from course_lib.bench.timing import copy_bandwidth
 
+    if args.triton_tutorial is not None:  # a file that does not import fails now, not late
+        from course_lib.bench.suites import load_tutorial
+
+        runners["attention_tutorial"] = functools.partial(
+            runners["attention_tutorial"], tutorial=load_tutorial(args.triton_tutorial)
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling = copy_bandwidth()
     sections = [

@@ -681,15 +681,15 @@ def attention_suite(ceiling_gbps: float) -> Iterator[Sweep]:
 TUTORIAL_POINTS = [(1, ATTENTION_TOKENS // 4096 * ATTENTION_WIDTH // d, 4096, d) for d in (128, 64)]
 
 
-def attention_tutorial_suite(ceiling_gbps: float, tutorial: Path) -> Iterator[Sweep]:
+def attention_tutorial_suite(ceiling_gbps: float, tutorial) -> Iterator[Sweep]:
     """float16 attention at TUTORIAL_POINTS: ours, Triton's fused-attention tutorial (the
-    file `tutorial`, python/tutorials/06-fused-attention.py of a Triton checkout: its
-    `attention(q, k, v, causal, sm_scale)`), and SDPA's flash and cuDNN backends, after a
-    check that the tutorial's output and causal gradients agree with ours at each point."""
-    module = _load_tutorial(tutorial)
+    module `tutorial` from load_tutorial, python/tutorials/06-fused-attention.py of a
+    Triton checkout: its `attention(q, k, v, causal, sm_scale)`), and SDPA's flash and
+    cuDNN backends, after a check that the tutorial's output and causal gradients agree
+    with ours at each point."""
 
     def theirs(q, k, v, causal):
-        return module.attention(q, k, v, causal, q.shape[-1] ** -0.5)
+        return tutorial.attention(q, k, v, causal, q.shape[-1] ** -0.5)
 
     sides = _attention_sides(torch.float16)
     sides = {"ours": sides.pop("ours"), **sides, "Triton tutorial": theirs}
@@ -700,7 +700,7 @@ def attention_tutorial_suite(ceiling_gbps: float, tutorial: Path) -> Iterator[Sw
     )
 
 
-def _load_tutorial(path: Path):
+def load_tutorial(path: Path):
     """Triton's fused-attention tutorial, imported from its file."""
     import importlib.util
 
@@ -844,9 +844,8 @@ def first_call_suite(ceiling_gbps: float) -> Iterator[FirstCallTable]:
 
 
 SUITES["first_call"] = first_call_suite
-# parts of a suite that can be run alone too (--only); a full run runs them in their suite
-# parts of a suite, run when named; attention_tutorial needs the tutorial's file, given by
-# python -m course_lib.bench's --triton-tutorial
+# parts that run only when named (--only): linear_transformer, which the linear suite runs
+# too; attention_tutorial, which needs the tutorial's file (--triton-tutorial)
 SUITE_PARTS = {
     "linear_transformer": linear_transformer_suite,
     "attention_tutorial": attention_tutorial_suite,

@@ -154,7 +154,7 @@ class ForwardPlan:
 class BackwardPlan:
     """attention's backward for tensors laid out like these: D's pre-pass, then the dK/dV
     and the dQ kernels, each launch bound once; on a Hopper GPU each of the two takes
-    attention_tma.py's kernel where that suits (attention_tma.backward_suits)."""
+    attention_tma.py's kernel where that suits (attention_tma.tma_suits)."""
 
     def __init__(self, do, q, k, v, o, lse, causal: bool, scale: float, kernels: Kernels):
         (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
@@ -167,7 +167,7 @@ class BackwardPlan:
         self.delta = BoundLaunch(kernels.delta, (cdiv(n_q, dq[0]), B * H), delta_meta)
         self.delta_sizes = (*o.stride()[:3], *do.stride(), H, n_q)
         strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-        if attention_tma.backward_suits(attention_tma.TMA_DKDV_TILES, q, k, v, do):
+        if attention_tma.tma_suits(attention_tma.TMA_DKDV_TILES, q, k, v, do):
             self.dkdv = attention_tma.dkdv_launch(q, k, v, do, causal, scale)
         else:
             dkdv = _tile(kernels.dkdv_tiles, kernels, q.dtype, d)
@@ -176,7 +176,7 @@ class BackwardPlan:
                             _meta(q, scale, causal, dkdv) | dict(SCALE=scale)),
                 (*strides, h_kv * n_k * d, n_k * d, d, h_kv, n_q, n_k, group),
             )  # fmt: skip
-        if attention_tma.backward_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
+        if attention_tma.tma_suits(attention_tma.TMA_DQ_TILES, q, k, v, do):
             self.dq = attention_tma.dq_launch(q, k, v, do, causal, scale)
         else:
             self.dq = _with_sizes(

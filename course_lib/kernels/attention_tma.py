@@ -253,12 +253,13 @@ def suits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     (a graph records no descriptor built on the host), and every input as the TMA unit
     reads it: its last axis contiguous, the others a multiple of 16 bytes apart (not 0, as in
     a tensor expanded over heads), from a 16-byte aligned start."""
-    return backward_suits(TMA_TILES, q, k, v)
+    return tma_suits(TMA_TILES, q, k, v)
 
 
-def backward_suits(tiles: dict, *tensors: torch.Tensor) -> bool:
-    """Whether the TMA kernel whose tiles are `tiles` (TMA_DKDV_TILES, TMA_DQ_TILES) takes
-    these checked tensors, q first, as `suits` says of the forward's."""
+def tma_suits(tiles: dict, *tensors: torch.Tensor) -> bool:
+    """Whether the TMA kernel whose tiles are `tiles` (TMA_TILES, TMA_DKDV_TILES,
+    TMA_DQ_TILES) takes these checked tensors, q first, all read through descriptors: the
+    rules `suits` lists for the forward's."""
     q = tensors[0]
     if runtime.INTERPRETED or into_graph() or capability(q.get_device()) not in TMA_GPUS:
         return False
@@ -318,7 +319,7 @@ def _backward_meta(q, causal: bool, scale: float, tile: tuple) -> dict:
 
 
 def dkdv_launch(q, k, v, do, causal: bool, scale: float, tile: tuple | None = None) -> Callable:
-    """For tensors laid out like these (backward_suits(TMA_DKDV_TILES, q, k, v, do)): a
+    """For tensors laid out like these (tma_suits(TMA_DKDV_TILES, q, k, v, do)): a
     function of (q, k, v, do, lse, delta, dk, dv) that fills dk and dv, contiguous
     [B, Hkv, Nk, d], its launch bound once; `tile` for experiments."""
     (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
@@ -338,7 +339,7 @@ def dkdv_launch(q, k, v, do, causal: bool, scale: float, tile: tuple | None = No
 
 
 def dq_launch(q, k, v, do, causal: bool, scale: float, tile: tuple | None = None) -> Callable:
-    """For tensors laid out like these (backward_suits(TMA_DQ_TILES, q, k, v, do)): a
+    """For tensors laid out like these (tma_suits(TMA_DQ_TILES, q, k, v, do)): a
     function of (q, k, v, do, lse, delta, dq) that fills dq, contiguous [B, H, Nq, d], its
     launch bound once; `tile` for experiments."""
     (B, H, n_q, d), (h_kv, n_k) = q.shape, k.shape[1:3]
