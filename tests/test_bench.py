@@ -269,6 +269,11 @@ def test_the_tutorial_comparison_needs_the_tutorials_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_main(["--only", "attention_tutorial", "--triton-tutorial", str(tmp_path / "no.py")])
     assert "no Python file at" in capsys.readouterr().err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a tutorial\n")
+    with pytest.raises(SystemExit):
+        bench_main(["--only", "attention_tutorial", "--triton-tutorial", str(notes)])
+    assert "no Python file at" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_main(["--only", "add", "--triton-tutorial", __file__, "--out", out])
     assert "is for --only attention_tutorial" in capsys.readouterr().err
