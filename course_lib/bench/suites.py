@@ -18,12 +18,14 @@ from course_lib import references, runtime
 from course_lib.bench import first_call
 from course_lib.bench.first_call import FirstCallTable
 from course_lib.bench.sweep import (
+    AGREEMENT,
     Sweep,
     Target,
     bandwidth_sweep,
     flops_sweep,
     label,
     matmul_peak,
+    relative_error,
     run_sweep,
 )
 from course_lib.bench.timing import gb_per_s, tflop_per_s
@@ -691,8 +693,7 @@ def attention_tutorial_suite(ceiling_gbps: float, tutorial) -> Iterator[Sweep]:
     def theirs(q, k, v, causal):
         return tutorial.attention(q, k, v, causal, q.shape[-1] ** -0.5)
 
-    sides = _attention_sides(torch.float16)
-    sides = {"ours": sides.pop("ours"), **sides, "Triton tutorial": theirs}
+    sides = _attention_sides(torch.float16) | {"Triton tutorial": theirs}  # ours stays first
     for point in TUTORIAL_POINTS:
         _check_against_ours(theirs, sides["ours"], point, torch.float16)
     yield from _attention_sweeps(
@@ -719,8 +720,7 @@ def load_tutorial(path: Path):
 
 def _check_against_ours(theirs, ours, point, dtype) -> None:
     """Raise unless `theirs` gives ours's o at `point`, causal and not, and the causal dq, dk
-    and dv, to within a relative norm of 1e-2 (as run_sweep checks each kernel against its
-    reference)."""
+    and dv, within AGREEMENT, as run_sweep checks each kernel against its reference."""
     for causal in (False, True):
         tensors = [torch.randn(*point, device=runtime.DEVICE, dtype=dtype) for _ in range(4)]
         leaves = [t.requires_grad_() for t in tensors[:3]]
@@ -730,8 +730,8 @@ def _check_against_ours(theirs, ours, point, dtype) -> None:
             grads = torch.autograd.grad(o, leaves, tensors[3]) if causal else ()
             results.append([o.detach(), *grads])
         for name, got, want in zip(("o", "dq", "dk", "dv"), *results):
-            error = float((got.double() - want.double()).norm() / want.double().norm())
-            if not error < 1e-2:
+            error = relative_error(got, want)
+            if not error < AGREEMENT:
                 raise AssertionError(
                     f"Triton's tutorial disagrees with ours at {label(point)}"
                     f"{', causal' if causal else ''}: {name}'s relative error {error:.1e}"

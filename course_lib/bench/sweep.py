@@ -174,6 +174,17 @@ class Sweep:
         return lines
 
 
+# the relative error within which a timed kernel must agree with its reference
+AGREEMENT = 1e-2
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """|got - want| / |want| by norm, in float64: blind to rounding, which moves the fp16
+    results of a long dot product by an ulp or two."""
+    want = want.detach().double()
+    return float((got.detach().double() - want).norm() / want.norm())
+
+
 def run_sweep(
     sweep: Sweep,
     kernel: Callable[..., torch.Tensor],
@@ -211,13 +222,12 @@ def run_sweep(
     sweep.launch_us = {name: [] for name in ("kernel", "bare", reference_name, *host_baselines)}
     for point in tqdm(points, desc=sweep.name, leave=False):
         inputs = make_inputs(point)
-        # a timing of a wrong kernel is worthless: compare once, by relative norm, which
-        # is blind to rounding (fp16 results of a long dot product differ by an ulp or two)
+        # a timing of a wrong kernel is worthless: compare once (relative_error)
         with recording_launches() as first:  # where the autotuner chooses, if anywhere
             got = kernel(*inputs).double()
         want = reference(*inputs).double()
-        error = float((got - want).norm() / want.norm())
-        if not error < 1e-2:
+        error = relative_error(got, want)
+        if not error < AGREEMENT:
             raise AssertionError(f"{sweep.name} at {label(point)}: relative error {error:.1e}")
         calls = {name: (lambda f=fn, a=inputs: f(*a)) for name, fn in fns.items()}
         times: dict[str, list[float]] = {name: [] for name in fns}
