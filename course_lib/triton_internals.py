@@ -15,7 +15,7 @@ What is relied on, by who asks for it:
   `function`, `packed_metadata`, launch metadata, the enter and exit hooks, then every
   parameter in order, constexprs included (`compiled_launch`); the hooks in
   `triton.knobs.runtime` that a profiler sets, and the active driver's current device and
-  stream (`direct_launches`); `TensorDescriptor`'s fields (`descriptor`).
+  stream (`direct_launches`, `current_stream`); `TensorDescriptor`'s fields (`descriptor`).
 - Tiles taken from a measured table (course_lib.kernels.tile_table): an autotuner's
   `keys`, `arg_names`, `configs`, `base_fn` (the kernel it tunes), its `cache` of choices
   by key (the key's values in `keys` order, then the dtype of each argument that has
@@ -45,10 +45,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import types
 from collections.abc import Callable, Hashable, Iterator
 
 import numpy as np
+import torch
 from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
 from triton.runtime import interpreter
 from triton.runtime.autotuner import Autotuner, Heuristics
@@ -58,7 +60,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 __all__ = ["KERNEL_CLASSES", "TUNER_CLASSES", "Autotuner", "CompilationError",
            "CompileTimeAssertionFailure", "JITFunction", "TensorDescriptor", "addresses_reached",
-           "compiled_launch", "current_program", "descriptor", "direct_launches",
+           "compiled_launch", "current_program", "current_stream", "descriptor", "direct_launches",
            "gpu_front_end", "hook_interpreter", "last_timings", "load_on_gpu", "settle",
            "tuning_key", "wrapping_launches"]  # fmt: skip
 
@@ -118,9 +120,27 @@ def load_on_gpu(compiled) -> None:
     compiled._init_handles()
 
 
+def current_stream(device: int) -> int:
+    """The handle of the stream that Triton launches on for this GPU (torch's current one)."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream(device)
+
+
+_this_thread = threading.local()
+
+
 def descriptor(t, shape, strides, block_shape: list) -> TensorDescriptor:
     """TensorDescriptor(t, shape, strides, block_shape) with zero padding, for a `t` whose
     caller has checked the TMA unit's rules, without checking them again on every call."""
+    if not getattr(_this_thread, "has_context", False) and t.is_cuda:
+        # Triton encodes a descriptor at launch through CUDA's driver, which needs a
+        # context current in the launching thread. A thread that torch started and that
+        # has made no CUDA call yet (autograd's, running a backward) has none; any call of
+        # CUDA's runtime, a stream query here, makes the GPU's current (and torch's
+        # switches of device in that thread carry it along)
+        torch.cuda.current_stream(t.device).query()
+        _this_thread.has_context = True
     desc = object.__new__(TensorDescriptor)  # skips __post_init__'s checks
     desc.base, desc.shape, desc.strides = t, shape, strides
     desc.block_shape, desc.padding = block_shape, "zero"

@@ -90,6 +90,7 @@ from course_lib.kernels import (  # noqa: E402
     softmax,
 )
 from course_lib.kernels import matmul_fast_paths as fast  # noqa: E402
+from course_lib.kernels import matmul_stream_k as stream_k  # noqa: E402
 from course_lib.kernels._plan import PlanCache  # noqa: E402
 
 SHAPES_2D = [(1, 1), (1, 1000), (1000, 1), (37, 61), (130, 257)]
@@ -303,6 +304,49 @@ def test_tma_matmul_takes_an_m_major_a_and_a_bias(dtype, activation):
         torch.testing.assert_close(c.double(), exact, rtol=tol.rtol, atol=tol.rtol * k**0.5)
 
 
+# (M, N, K) and programs, over tiles of 32: one tile's seven steps shared by five programs,
+# fewer steps than programs (the last ones idle), shares inside one tile, M and N smaller
+# than a tile, K not a multiple of 32, several tiles with ragged edges; N a multiple of 8
+# keeps C's rows 16 bytes apart
+STREAM_K_CASES = [((32, 32, 224), 5), ((32, 32, 96), 5), ((5, 8, 300), 4), ((70, 40, 130), 3),
+                  ((37, 96, 77), 4), ((150, 232, 70), 7)]  # fmt: skip
+
+
+@needs_tma
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("layouts", ["row-major", "A M-major, B K-major"])
+def test_stream_k_matches_float64(layouts, activation):
+    config = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4}
+    contiguous_axis = 1 if layouts == "row-major" else 0
+    dtype = torch.float32 if runtime.INTERPRETED else torch.float16
+    tol = tolerance_for(dtype)
+    for (m, n, k), programs in STREAM_K_CASES:
+        a = fast.padded_copy(torch.randn(m, k, device=DEVICE).to(dtype), contiguous_axis)
+        b = fast.padded_copy(torch.randn(k, n, device=DEVICE).to(dtype), contiguous_axis)
+        bias = torch.randn(n, device=DEVICE).to(dtype)
+        exact = references.linear_activation(a.double() @ b.double() + bias.double(), activation)
+        c = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+        launch = stream_k.stream_k_launch(a, b, c, activation or "", "ieee", True, config, programs)
+        partials, flags = stream_k._workspace(c.device, programs, 32 * 32)
+        for _ in range(2):  # the second launch finds the flags as the first left them
+            c.fill_(float("nan"))
+            partials.fill_(float("nan"))  # what a program reading too early would add
+            launch(a, b, c, bias)
+            torch.testing.assert_close(c.double(), exact, rtol=tol.rtol, atol=tol.rtol * k**0.5)
+        assert torch.count_nonzero(flags) == 0, (m, n, k, programs)
+
+
+def test_stream_k_takes_the_products_whose_tiles_leave_sms_idle():
+    pays = stream_k.stream_k_pays
+    # weight gradients of 768-wide layers: 72 tiles of 128 x 256 on 132 SMs
+    assert pays(3072, 768, 4096, 132) and pays(768, 3072, 16384, 132)
+    assert not pays(4096, 768, 3072, 132)  # 96 tiles: measured slower stream-K
+    assert not pays(4096, 1024, 4096, 132)  # 128 tiles: 4 SMs idle
+    assert not pays(2048, 2056, 2048, 132)  # two waves, as 192 tiles, which ran slower stream-K
+    assert not pays(8192, 8192, 8192, 132)
+    assert not pays(3072, 768, 768, 132)  # 12 steps along K: too few to share out
+
+
 @pytest.mark.skipif(runtime.MODE == "gpu", reason="the interpreter's fixed config")
 def test_tma_matmul_runs_without_a_config_in_the_interpreter():
     a = fast.padded_copy(torch.randn(70, 45), contiguous_axis=1)
@@ -423,6 +467,49 @@ def test_matmul_takes_the_tma_kernel_where_it_suits(monkeypatch):
             got = matmul.matmul(a, b)
         assert bool(calls) == takes_tma, (m, dtype, tf32, b_k_major, cols)
         assert _matmul_error(got, a, b) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.gpu
+@on_tma_gpu
+def test_products_whose_tiles_leave_sms_idle_go_stream_k(monkeypatch):
+    # the weight gradients of a transformer's 768 <-> 3072 layers (g^T M-major), through
+    # matmul and through Linear's backward; each launch is stream-K's alone
+    from course_lib.kernels import linear
+
+    monkeypatch.setattr(matmul, "_plans", PlanCache())
+    sms = hopper.sm_count(torch.device(DEVICE).index or 0)
+    bf16 = torch.bfloat16
+    x = torch.randn(4096, 3072, device=DEVICE, dtype=bf16)
+    w = torch.randn(768, 3072, device=DEVICE, dtype=bf16)
+    g = torch.randn(4096, 768, device=DEVICE, dtype=bf16)
+    for a, b in [(g.t(), x), (x.t(), g)]:
+        assert stream_k.stream_k_pays(a.shape[0], b.shape[1], a.shape[1], sms)
+        for _ in range(2):  # the first call plans, the second goes straight to the kernel
+            with recording_launches() as launches:
+                got = matmul.matmul(a, b)
+            assert [launch.kernel for launch in launches] == [stream_k.tma_stream_k_kernel]
+            assert _matmul_error(got, a, b) < 1e-2
+    weight = w.detach().requires_grad_()
+    with recording_launches() as launches:
+        (grad_weight,) = torch.autograd.grad(linear.linear(x, weight), weight, g)
+    assert stream_k.tma_stream_k_kernel in [launch.kernel for launch in launches]
+    assert _matmul_error(grad_weight, g.t(), x) < 1e-2
+
+
+@pytest.mark.gpu
+@on_tma_gpu
+def test_a_tma_product_runs_in_a_thread_that_has_made_no_cuda_call():
+    # as autograd's backward thread may be: the descriptors are built on the host, through
+    # CUDA's driver, before Triton's launcher makes a context current
+    import threading
+
+    a, b = (torch.randn(2048, 2048, device=DEVICE, dtype=torch.float16) for _ in "ab")
+    want = matmul.matmul(a, b)  # planned, compiled and loaded in this thread
+    got = []
+    thread = threading.Thread(target=lambda: got.append(matmul.matmul(a, b)))
+    thread.start()
+    thread.join()
+    assert got and torch.equal(got[0], want)
 
 
 @pytest.mark.parametrize("contiguous_axis", [0, 1])

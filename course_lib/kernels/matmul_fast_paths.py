@@ -8,7 +8,8 @@ it, and keeps the Route returned:
 - TF32 products whose B is not K-major go to `tf32_b_first_kernel`, which computes
   C^T = B^T A^T to suit the tensor cores, or, large ones on Hopper, copy B with K
   contiguous first (`_copies_b_k_major`); on the Hopper GPUs in TMA_GPUS, large products
-  go to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit; the lesson's
+  go to `tma_matmul_kernel`: persistent, its tiles moved by the TMA unit, or, where its
+  tiles would leave many SMs idle, to its stream-K twin (matmul_stream_k.py); the lesson's
   kernel takes the rest.
 """
 
@@ -38,11 +39,13 @@ from course_lib.kernels.hopper import (  # noqa: F401  (tma_available: the appen
     tma_available,
     tma_rule_broken,
 )
+from course_lib.kernels.matmul_stream_k import stream_k_launch, stream_k_pays
 from course_lib.kernels.tiles import (
     INTERPRETER_CONFIG,
     LAYOUT_KEY,
-    activate,
     grouped_tile,
+    halves,
+    store_half,
     store_tile,
     tile_configs,
     tile_offsets,
@@ -280,17 +283,10 @@ def tma_matmul_kernel(
             a = a_desc.load([k, row]).T if A_M_MAJOR else a_desc.load([row, k])
             b = b_desc.load([col, k]).T if B_K_MAJOR else b_desc.load([k, col])
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        if HAS_BIAS:
-            offs_n = col + tl.arange(0, BLOCK_N)
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        # stored in two halves [BLOCK_M, BLOCK_N // 2]: a store goes through shared memory,
-        # and a whole 128 x 256 tile there would leave too little room for the loads. The
-        # activation is applied per half, as it is stored: GELU's temporaries for a whole
-        # tile spilled registers (measured: a few percent faster this way)
-        halves = tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1)
-        left, right = tl.split(halves)
-        c_desc.store([row, col], activate(left, ACTIVATION).to(c_desc.dtype))
-        c_desc.store([row, col + BLOCK_N // 2], activate(right, ACTIVATION).to(c_desc.dtype))
+        left, right = halves(acc, BLOCK_M, BLOCK_N)
+        store_half(c_desc, left, row, col, bias_ptr, N, BLOCK_N // 2, HAS_BIAS, ACTIVATION)
+        store_half(c_desc, right, row, col + BLOCK_N // 2, bias_ptr, N, BLOCK_N // 2, HAS_BIAS,
+                   ACTIVATION)  # fmt: skip
 
 
 def _set_block_shapes(args: dict) -> None:
@@ -382,12 +378,13 @@ def tma_matmul(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, activation: str | None = None,
     input_precision: str = "ieee", config: dict | None = None, bias: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """c = activation(a @ b + bias) through tma_matmul_kernel: autotuned on a GPU, or with
-    `config` (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and
-    num_stages). c needs its last axis contiguous, a and b either axis, each with rows a
-    multiple of 16 bytes apart from a 16-byte aligned start (the TMA unit's rules, see
-    hopper.tma_rule_broken); activation is None, "relu" or "gelu", and bias a contiguous [N] or
-    None. Shapes and dtypes are not checked here: matmul checks them."""
+    """c = activation(a @ b + bias) through tma_matmul_kernel: autotuned on a GPU (or
+    stream-K, where matmul_stream_k.stream_k_pays), or with `config` (BLOCK_M, BLOCK_N,
+    BLOCK_K, GROUP_M, WARP_SPECIALIZE, optionally num_warps and num_stages). c needs its
+    last axis contiguous, a and b either axis, each with rows a multiple of 16 bytes apart
+    from a 16-byte aligned start (the TMA unit's rules, see hopper.tma_rule_broken);
+    activation is None, "relu" or "gelu", and bias a contiguous [N] or None. Shapes and
+    dtypes are not checked here: matmul checks them."""
     if not tma_available():
         raise RuntimeError(
             "tma_matmul needs a GPU with a TMA unit (Hopper or later) or the interpreter; "
@@ -419,10 +416,15 @@ def tma_launch(
     (a, b, c, bias=None) that builds the three descriptors and launches, its launch bound
     once the autotuner has chosen (see BoundLaunch: a bias, if any, is as far from a
     16-byte boundary on each call); while tracing into a graph, one that launches the
-    kernel building them on the GPU."""
+    kernel building them on the GPU. Without a config, a 16-bit product whose tiles would
+    leave many SMs idle goes stream-K (matmul_stream_k.py) instead, outside graphs."""
     a_m_major, b_k_major = column_major(a), column_major(b)
     (M, K), N = a.shape, c.shape[1]
     num_sms = 4 if runtime.INTERPRETED else sm_count(a.get_device())
+    # stream-K builds its descriptors on the host: a graph, which records none, keeps whole tiles
+    if config is None and a.element_size() == 2 and not into_graph():
+        if stream_k_pays(M, N, K, num_sms):
+            return stream_k_launch(a, b, c, activation, precision, has_bias)
     meta = dict(
         NUM_SMS=num_sms, A_M_MAJOR=a_m_major, B_K_MAJOR=b_k_major, HAS_BIAS=has_bias,
         ACTIVATION=activation, INPUT_PRECISION=precision, DTYPE=str(a.dtype),

@@ -1,6 +1,6 @@
 """What lesson 05's matmul kernel shares with its relatives (its TF32 B-first and TMA
 fast paths, lesson 06's convolutions, lesson 07's Linear): the grouped order of C's
-tiles, their offsets, the K loop, the epilogue, and the launch of a tiled product."""
+tiles, their offsets, the K loop, the epilogues, and the launch of a tiled product."""
 
 from __future__ import annotations
 
@@ -97,6 +97,29 @@ def grouped_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 def store_tile(c_ptrs, acc, mask, ACTIVATION: tl.constexpr):
     # fused epilogue: the activation applied in registers, before the one store
     tl.store(c_ptrs, activate(acc, ACTIVATION).to(c_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The left and right [BLOCK_M, BLOCK_N // 2] halves of a tile, which the Hopper
+    kernels store one after the other: a store goes through shared memory, and a whole
+    128 x 256 tile there would leave too little room for the loads."""
+    return tl.split(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)).permute(0, 2, 1))
+
+
+@triton.jit
+def store_half(
+    c_desc, half, row, col, bias_ptr, N,
+    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+):  # fmt: skip
+    """The Hopper kernels' epilogue for one half of a tile, WIDTH columns from (row, col):
+    bias[n] added to column n where HAS_BIAS, then the activation, stored through c_desc.
+    The activation is applied per half: GELU's temporaries for a whole tile spilled
+    registers (measured: a few percent slower)."""
+    if HAS_BIAS:
+        offs_n = col + tl.arange(0, WIDTH)
+        half += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    c_desc.store([row, col], activate(half, ACTIVATION).to(c_desc.dtype))
 
 
 @triton.jit
